@@ -1,0 +1,37 @@
+"""Names of every activity the workflows call; the worker checks that it registers each of them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class BmaasActivity(StrEnum):
+    """Run on the BMaaS task queue, whose activity rate is limited."""
+
+    RESOLVE_BOOT_IMAGE = "resolve_boot_image"
+    CREATE_WORKER_INSTANCE = "create_worker_instance"
+    WAIT_INSTANCE_RUNNING = "wait_instance_running"
+    DELETE_INSTANCE = "delete_instance"
+    WAIT_INSTANCE_GONE = "wait_instance_gone"
+    LIST_ORDER_INSTANCES = "list_order_instances"
+    LIST_INSTANCE_TYPES = "list_instance_types"
+
+
+class HubActivity(StrEnum):
+    """Assisted Installer and hub activities, on the workflow task queue."""
+
+    READ_ORDER = "read_order"
+    WAIT_CLUSTER_REFERENCE = "wait_cluster_reference"
+    ENSURE_INFRAENV = "ensure_infraenv"
+    WAIT_INFRAENV_READY = "wait_infraenv_ready"
+    DELETE_INFRAENV = "delete_infraenv"
+    WAIT_AGENT_FOR_MACS = "wait_agent_for_macs"
+    HAND_AGENT_TO_NODEPOOL = "hand_agent_to_nodepool"
+    WAIT_AGENT_INSTALLED = "wait_agent_installed"
+    MARK_AGENT_REMOVING = "mark_agent_removing"
+    WAIT_AGENT_UNBOUND = "wait_agent_unbound"
+    DELETE_AGENT = "delete_agent"
+    SYNC_NODEPOOL_REPLICAS = "sync_nodepool_replicas"
+    ANNOTATE_MACHINE_FOR_DELETION = "annotate_machine_for_deletion"
+    PUBLISH_ORDER_STATUS = "publish_order_status"
+    EMIT_EVENT = "emit_event"

@@ -1,0 +1,114 @@
+"""The worker-node vocabulary: phases, failure reasons, the OSAC status item and the timing policy."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class WorkerPhase(StrEnum):
+    """Exactly OSAC's `status.workers[].phase` values."""
+
+    PROVISIONING = "Provisioning"
+    WAITING_FOR_AGENT = "WaitingForAgent"
+    BINDING = "Binding"
+    READY = "Ready"
+    FAILED = "Failed"
+    UNBINDING = "Unbinding"
+    DELETING = "Deleting"
+
+    @property
+    def before_ready(self) -> bool:
+        return self in (WorkerPhase.PROVISIONING, WorkerPhase.WAITING_FOR_AGENT, WorkerPhase.BINDING)
+
+
+class FailureReason(StrEnum):
+    BMI_PROVISIONING_FAILED = "BMIProvisioningFailed"
+    NO_HOSTS_AVAILABLE = "NoHostsAvailable"
+    AGENT_REGISTRATION_TIMEOUT = "AgentRegistrationTimeout"
+    AGENT_INSTALL_FAILED = "AgentInstallFailed"
+    AMBIGUOUS_AGENT_MATCH = "AmbiguousAgentMatch"
+    AGENT_UNBINDING_TIMEOUT = "AgentUnbindingTimeout"
+    RHCOS_IMAGE_NOT_FOUND = "RHCOSImageNotFound"
+    FULFILLMENT_SERVICE_UNAVAILABLE = "FulfillmentServiceUnavailable"
+    DISCOVERY_IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
+    HOST_WIPE_STUCK = "HostWipeStuck"
+    INTERNAL_ERROR = "InternalError"
+
+
+# Tenant-facing text per reason: never host names, MACs, ids or backend error text.
+TENANT_MESSAGES: dict[FailureReason, str] = {
+    FailureReason.BMI_PROVISIONING_FAILED: "The bare-metal host could not be provisioned; retrying.",
+    FailureReason.NO_HOSTS_AVAILABLE: "No bare-metal host of this type is available; waiting for capacity.",
+    FailureReason.AGENT_REGISTRATION_TIMEOUT: "The host did not register for installation in time; retrying.",
+    FailureReason.AGENT_INSTALL_FAILED: "Installing the node on the host failed; retrying with a new host.",
+    FailureReason.AMBIGUOUS_AGENT_MATCH: "The host could not be identified unambiguously; retrying.",
+    FailureReason.AGENT_UNBINDING_TIMEOUT: "Removing the node is taking longer than expected.",
+    FailureReason.RHCOS_IMAGE_NOT_FOUND: "No boot image is available for this cluster version.",
+    FailureReason.FULFILLMENT_SERVICE_UNAVAILABLE: "The bare-metal service is unavailable; retrying.",
+    FailureReason.DISCOVERY_IGNITION_TOO_LARGE: "The discovery configuration is too large for the host.",
+    FailureReason.HOST_WIPE_STUCK: "Releasing the host is taking longer than expected.",
+    FailureReason.INTERNAL_ERROR: "An internal error occurred; retrying.",
+}
+
+
+class WorkerStatus(BaseModel):
+    """One item of the OSAC ClusterOrder `status.workers[]` contract (camelCase on the wire)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    node_set: str
+    name: str
+    kind: str = "BareMetalInstance"
+    resource_id: str | None = Field(default=None, alias="resourceID")
+    phase: WorkerPhase = WorkerPhase.PROVISIONING
+    attempt_count: int = 1
+    last_failure_reason: FailureReason | None = None
+    last_failure_message: str | None = None
+    last_failure_time: datetime | None = None
+    next_retry_time: datetime | None = None
+
+    def osac_item(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _seconds(*values: float) -> list[timedelta]:
+    return [timedelta(seconds=v) for v in values]
+
+
+class TimingPolicy(BaseModel):
+    """OSAC's defaults; every value overridable per order so tests can run in seconds."""
+
+    agent_registration_timeout: timedelta = timedelta(minutes=30)
+    agent_install_timeout: timedelta = timedelta(minutes=60)
+    agent_unbinding_timeout: timedelta = timedelta(minutes=10)
+    transient_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(30, 60, 120))
+    transient_backoff_cap: timedelta = timedelta(minutes=5)
+    no_hosts_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
+    no_hosts_backoff_cap: timedelta = timedelta(minutes=30)
+    registration_timeout_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
+    registration_timeout_backoff_cap: timedelta = timedelta(minutes=30)
+    attempt_reset_after_ready: timedelta = timedelta(hours=1)
+    # How long the cluster workflow gathers status changes before one write to the ClusterOrder.
+    status_coalesce: timedelta = timedelta(seconds=2)
+    # How often a cluster with a missing boot image or cluster reference looks again.
+    prerequisite_recheck: timedelta = timedelta(minutes=1)
+
+    def backoff(self, reason: FailureReason, failures_in_a_row: int) -> timedelta:
+        """Backoff before the next attempt after `failures_in_a_row` (>= 1) failures."""
+        if reason == FailureReason.NO_HOSTS_AVAILABLE:
+            table, cap = self.no_hosts_backoff, self.no_hosts_backoff_cap
+        elif reason == FailureReason.AGENT_REGISTRATION_TIMEOUT:
+            table, cap = self.registration_timeout_backoff, self.registration_timeout_backoff_cap
+        else:
+            table, cap = self.transient_backoff, self.transient_backoff_cap
+        if not table:
+            return timedelta(0)
+        if failures_in_a_row <= len(table):
+            step = table[failures_in_a_row - 1]
+        else:  # past the table, keep doubling the last step up to the cap
+            step = table[-1] * 2 ** (failures_in_a_row - len(table))
+        return min(step, cap)

@@ -1,0 +1,154 @@
+"""Payloads of the two workflows: inputs, updates, signals, query results and carried state.
+
+Everything here is non-secret: the pull secret, the ignition and tokens stay inside activities.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from contracts.hub import Condition
+from contracts.refs import DNS_LABEL, NetworkAttachmentRef, OrderRef
+from contracts.worker import TimingPolicy, WorkerPhase, WorkerStatus
+
+WORKFLOW_TASK_QUEUE = "osac-workers"
+BMAAS_TASK_QUEUE = "osac-workers-bmaas"
+DEFAULT_MAX_WORKERS_PER_ORDER = 100
+
+
+def cluster_workflow_id(order: OrderRef) -> str:
+    return f"cluster-workers/{order.namespace}/{order.name}"
+
+
+def worker_workflow_id(order: OrderRef, slot_name: str) -> str:
+    return f"worker/{order.namespace}/{order.name}/{slot_name}"
+
+
+class NodeSetRequest(BaseModel):
+    """One bare-metal entry of `spec.nodeRequests`: its name is its instance type."""
+
+    name: str = Field(pattern=DNS_LABEL)
+    instance_type: str = Field(pattern=DNS_LABEL)
+    count: int = Field(ge=0)
+
+
+class SetNodeSets(BaseModel):
+    node_sets: list[NodeSetRequest]
+
+
+class OrderConditionType(StrEnum):
+    INFRA_ENV_READY = "InfraEnvReady"
+    WORKERS_FAILED = "WorkersFailed"
+    RHCOS_IMAGE_NOT_FOUND = "RHCOSImageNotFound"
+    FULFILLMENT_SERVICE_UNAVAILABLE = "FulfillmentServiceUnavailable"
+
+
+class WorkerSlotSpec(BaseModel):
+    """What a worker slot is, fixed for its whole life."""
+
+    order: OrderRef
+    node_set: str
+    instance_type: str
+    index: int
+    release_image: str
+    network: NetworkAttachmentRef | None = None
+    cluster_namespace: str  # where the hosted cluster's NodePools live
+
+    @property
+    def name(self) -> str:
+        return self.order.worker_name(self.index)
+
+    @property
+    def nodepool_name(self) -> str:
+        return self.order.nodepool_name(self.instance_type)
+
+
+class WorkerProgress(BaseModel):
+    """The worker's carried state: enough to resume after continue-as-new."""
+
+    status: WorkerStatus
+    bmi_id: str | None = None
+    macs: list[str] = Field(default_factory=list)
+    agent_name: str | None = None
+    agent_handed: bool = False
+    failures_in_a_row: int = 0
+    ready_since: datetime | None = None
+    scale_down_requested: bool = False
+
+
+class WorkerNodeInput(BaseModel):
+    slot: WorkerSlotSpec
+    policy: TimingPolicy = Field(default_factory=TimingPolicy)
+    bmaas_task_queue: str = BMAAS_TASK_QUEUE
+    parent_workflow_id: str | None = None
+    progress: WorkerProgress | None = None  # set only by continue-as-new
+
+
+class WorkerOutcome(StrEnum):
+    DELETED = "Deleted"
+
+
+class WorkerNodeResult(BaseModel):
+    name: str
+    outcome: WorkerOutcome
+    attempts: int
+
+
+class WorkerReport(BaseModel):
+    """A child's status change, signalled to its cluster workflow."""
+
+    status: WorkerStatus
+    deleted: bool = False
+
+
+class ClusterWorkersInput(BaseModel):
+    order: OrderRef
+    node_sets: list[NodeSetRequest] = Field(default_factory=list)
+    instance_types: list[str] = Field(default_factory=list)  # known types, refreshed by the workflow
+    max_workers_per_order: int = DEFAULT_MAX_WORKERS_PER_ORDER
+    policy: TimingPolicy = Field(default_factory=TimingPolicy)
+    bmaas_task_queue: str = BMAAS_TASK_QUEUE
+    carried: ClusterWorkersCarried | None = None  # set only by continue-as-new
+
+
+class SlotRecord(BaseModel):
+    spec: WorkerSlotSpec
+    status: WorkerStatus
+    scale_down_sent: bool = False
+    named_for_removal: bool = False
+    deleted: bool = False
+
+
+class ClusterWorkersCarried(BaseModel):
+    slots: list[SlotRecord]
+    next_index: int
+    decommissioning: bool
+    ignored_scale_downs: list[str] = Field(default_factory=list)
+
+
+class ClusterWorkersStatus(BaseModel):
+    order: OrderRef
+    node_sets: list[NodeSetRequest]
+    desired_workers: int
+    current_workers: int
+    ready_workers: int
+    workers: list[WorkerStatus]
+    conditions: list[Condition]
+    decommissioning: bool
+    finished: bool
+    ignored_scale_downs: list[str]
+
+
+class ScaleDownWorker(BaseModel):
+    name: str
+
+
+def is_current(phase: WorkerPhase) -> bool:
+    """OSAC's currentWorkers counts workers in non-terminal phases: all but those being removed."""
+    return phase not in (WorkerPhase.UNBINDING, WorkerPhase.DELETING)
+
+
+ClusterWorkersInput.model_rebuild()

@@ -1,0 +1,561 @@
+"""ClusterWorkersWorkflow: one per ClusterOrder; owns the InfraEnv, the desired counts and the status.
+
+Counts arrive by the `set_node_sets` update (the ClusterOrder spec is the source of truth), a named
+worker leaves by the `scale_down_worker` signal, and `decommission` releases everything. Each worker
+slot is a WorkerNodeWorkflow child that reports its status back by signal; the status is written to
+the ClusterOrder in coalesced batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.activities import BmaasActivity, HubActivity
+    from contracts.bmaas import BootImage, ResolveBootImageInput
+    from contracts.hub import (
+        Condition,
+        ConditionStatus,
+        EnsureInfraEnvResult,
+        EventInput,
+        EventReason,
+        EventType,
+        InfraEnvReady,
+        InfraEnvRef,
+        OrderFacts,
+        PublishStatusInput,
+        WaitClusterReferenceInput,
+    )
+    from contracts.refs import ClusterReference
+    from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
+    from contracts.workflows import (
+        ClusterWorkersCarried,
+        ClusterWorkersInput,
+        ClusterWorkersStatus,
+        NodeSetRequest,
+        OrderConditionType,
+        ScaleDownWorker,
+        SetNodeSets,
+        SlotRecord,
+        WorkerNodeInput,
+        WorkerReport,
+        WorkerSlotSpec,
+        cluster_workflow_id,
+        is_current,
+        worker_workflow_id,
+    )
+    from workflows.search_attributes import OSAC_CLUSTER_ORDER
+    from workflows.worker_node import WorkerNodeWorkflow
+
+T = TypeVar("T")
+
+CALL_TIMEOUT = timedelta(seconds=60)
+CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
+WAIT_HEARTBEAT = timedelta(seconds=30)
+
+
+class CommandRejected(ValueError):
+    """A command that is invalid as a whole; its message names the field and the reason."""
+
+
+def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
+    """Lower goes first: named, then Failed, then not yet Ready (newest first), then Ready (newest)."""
+    if slot.named_for_removal:
+        group = 0
+    elif slot.status.phase == WorkerPhase.FAILED:
+        group = 1
+    elif slot.status.phase != WorkerPhase.READY:
+        group = 2
+    else:
+        group = 3
+    return (group, -slot.spec.index)
+
+
+@workflow.defn
+class ClusterWorkersWorkflow:
+    @workflow.init
+    def __init__(self, inp: ClusterWorkersInput) -> None:
+        self._input = inp
+        carried = inp.carried or ClusterWorkersCarried(slots=[], next_index=0, decommissioning=False)
+        self._slots: dict[str, SlotRecord] = {s.spec.name: s for s in carried.slots}
+        self._next_index = carried.next_index
+        self._decommissioning = carried.decommissioning
+        self._ignored_scale_downs = list(carried.ignored_scale_downs)
+        self._node_sets: dict[str, NodeSetRequest] = {n.name: n for n in inp.node_sets}
+        self._instance_types = set(inp.instance_types)
+        self._conditions: dict[OrderConditionType, Condition] = {}
+        self._events: list[EventInput] = []
+        self._changed = True
+        # Status writes: every change bumps the generation, the publisher catches up in batches.
+        self._status_generation = 1
+        self._published_generation = 0
+        self._finished = False
+        self._cluster: ClusterReference | None = None
+        self._facts: OrderFacts | None = None
+
+    # ----------------------------------------------------------------------------------- API
+
+    @workflow.update
+    async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
+        self._node_sets = {n.name: n for n in command.node_sets}
+        self._touch()
+        return self.status()
+
+    @set_node_sets.validator
+    def _validate_node_sets(self, command: SetNodeSets) -> None:
+        if self._decommissioning:
+            raise CommandRejected("set_node_sets: the order is being decommissioned; no further changes")
+        names = [n.name for n in command.node_sets]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            raise CommandRejected(f"node_sets[].name: duplicate node set {name!r}")
+        for i, node_set in enumerate(command.node_sets):
+            if node_set.count < 0:
+                raise CommandRejected(f"node_sets[{i}].count: must not be negative (got {node_set.count})")
+            if self._instance_types and node_set.instance_type not in self._instance_types:
+                known = ", ".join(sorted(self._instance_types))
+                raise CommandRejected(
+                    f"node_sets[{i}].instance_type: unknown instance type {node_set.instance_type!r}"
+                    f" (known: {known})"
+                )
+        total = sum(n.count for n in command.node_sets)
+        if total > self._input.max_workers_per_order:
+            raise CommandRejected(
+                f"node_sets[].count: {total} workers exceed the maximum of"
+                f" {self._input.max_workers_per_order} per order"
+            )
+
+    @workflow.update
+    async def decommission(self) -> ClusterWorkersStatus:
+        self._decommissioning = True
+        self._touch()
+        return self.status()
+
+    @decommission.validator
+    def _validate_decommission(self) -> None:
+        if self._decommissioning:
+            raise CommandRejected("decommission: the order is already being decommissioned")
+
+    @workflow.signal
+    def scale_down_worker(self, request: ScaleDownWorker) -> None:
+        slot = self._slots.get(request.name)
+        if slot is None or slot.deleted or slot.scale_down_sent or slot.named_for_removal:
+            # Signals cannot be rejected; the caller checks with `status` first. Keep it visible.
+            self._ignored_scale_downs.append(request.name)
+            workflow.set_current_details(
+                "Ignored scale-down of unknown or departing worker(s): "
+                + ", ".join(self._ignored_scale_downs)
+            )
+            return
+        slot.named_for_removal = True
+        node_set = self._node_sets.get(slot.spec.node_set)
+        if node_set is not None and node_set.count > 0:
+            self._node_sets[node_set.name] = node_set.model_copy(update={"count": node_set.count - 1})
+        self._touch()
+
+    @workflow.signal
+    def worker_report(self, report: WorkerReport) -> None:
+        slot = self._slots.get(report.status.name)
+        if slot is None:
+            return
+        self._events.extend(self._events_for(slot.status, report))
+        slot.status = report.status
+        slot.deleted = slot.deleted or report.deleted
+        self._touch()
+
+    @workflow.query
+    def status(self) -> ClusterWorkersStatus:
+        live = [s for s in self._ordered_slots() if not s.deleted]
+        return ClusterWorkersStatus(
+            order=self._input.order,
+            node_sets=sorted(self._node_sets.values(), key=lambda n: n.name),
+            desired_workers=0 if self._decommissioning else sum(n.count for n in self._node_sets.values()),
+            current_workers=sum(1 for s in live if is_current(s.status.phase)),
+            ready_workers=sum(1 for s in live if s.status.phase == WorkerPhase.READY),
+            workers=[s.status for s in live],
+            conditions=self._current_conditions(),
+            decommissioning=self._decommissioning,
+            finished=self._finished,
+            ignored_scale_downs=list(self._ignored_scale_downs),
+        )
+
+    # ------------------------------------------------------------------------------ main flow
+
+    @workflow.run
+    async def run(self, inp: ClusterWorkersInput) -> ClusterWorkersStatus:
+        order = inp.order
+        workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
+        publisher = asyncio.ensure_future(self._publish_loop())
+
+        if not self._decommissioning or self._slots:
+            await self._prepare()
+
+        while True:
+            self._changed = False
+            await self._reconcile()
+            if self._decommissioning and all(s.deleted for s in self._slots.values()):
+                break
+            await workflow.wait_condition(
+                lambda: self._changed or workflow.info().is_continue_as_new_suggested()
+            )
+            if workflow.info().is_continue_as_new_suggested() and not self._changed:
+                await self._continue_as_new(publisher)
+
+        if self._facts is not None or self._cluster is not None:
+            await self._hub(
+                HubActivity.DELETE_INFRAENV,
+                InfraEnvRef.for_order(order),
+                None,
+                summary=f"Delete InfraEnv {order.infraenv_name}",
+            )
+        self._finished = True
+        await self._flush_status(publisher)
+        return self.status()
+
+    async def _prepare(self) -> None:
+        """Cluster reference, boot image and InfraEnv, before the first worker."""
+        order = self._input.order
+        self._facts = await self._hub(
+            HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
+        )
+        if self._decommissioning:
+            return
+        self._cluster = await self._until_decommissioned(
+            self._hub(
+                HubActivity.WAIT_CLUSTER_REFERENCE,
+                WaitClusterReferenceInput(order=order),
+                ClusterReference,
+                summary="Wait for the hosted cluster to be provisioned",
+                wait=True,
+            )
+        )
+        if self._cluster is None:
+            return
+        while not self._decommissioning:
+            try:
+                await self._bmaas(
+                    BmaasActivity.RESOLVE_BOOT_IMAGE,
+                    ResolveBootImageInput(release_image=self._release_image()),
+                    BootImage,
+                    summary=f"Resolve the boot image of {self._release_image()}",
+                )
+                self._set_condition(
+                    OrderConditionType.RHCOS_IMAGE_NOT_FOUND, ConditionStatus.FALSE, "BootImageFound"
+                )
+                break
+            except ActivityError as err:
+                if not _is_type(err, FailureReason.RHCOS_IMAGE_NOT_FOUND.value):
+                    raise
+                self._set_condition(
+                    OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
+                    ConditionStatus.TRUE,
+                    FailureReason.RHCOS_IMAGE_NOT_FOUND.value,
+                    "No boot image is linked to this cluster version; no workers are created until it is.",
+                )
+                self._changed = False
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._changed,
+                        timeout=self._input.policy.prerequisite_recheck,
+                    )
+                except TimeoutError:
+                    pass
+        if self._decommissioning:
+            return
+        ensured = await self._hub(
+            HubActivity.ENSURE_INFRAENV,
+            order,
+            EnsureInfraEnvResult,
+            summary=f"Ensure InfraEnv {order.infraenv_name}",
+        )
+        infraenv = ensured.infraenv
+        self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.FALSE, "WaitingForImage")
+        await self._until_decommissioned(
+            self._hub(
+                HubActivity.WAIT_INFRAENV_READY,
+                infraenv,
+                InfraEnvReady,
+                summary="Wait for the discovery image to be ready",
+                wait=True,
+            )
+        )
+        self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
+        self._events.append(self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {infraenv.name} is ready"))
+
+    async def _until_decommissioned(self, call: Any) -> Any:
+        """Await a long wait unless a decommission makes it pointless."""
+        task = asyncio.ensure_future(call)
+        await workflow.wait_condition(lambda: task.done() or self._decommissioning)
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, ActivityError):
+                pass
+            return None
+        return await task
+
+    # ------------------------------------------------------------------------------ reconcile
+
+    async def _reconcile(self) -> None:
+        if self._decommissioning:
+            desired: dict[str, int] = {}
+        else:
+            desired = {name: n.count for name, n in self._node_sets.items()}
+        starts = []
+        if self._cluster is not None and self._facts is not None and not self._decommissioning:
+            for name in sorted(desired):
+                active = [s for s in self._slots.values() if s.spec.node_set == name and _active(s)]
+                for _ in range(desired[name] - len(active)):
+                    starts.append(self._new_slot(self._node_sets[name]))
+        victims: list[SlotRecord] = []
+        node_set_names = sorted({s.spec.node_set for s in self._slots.values()})
+        for name in node_set_names:
+            active = sorted(
+                (s for s in self._slots.values() if s.spec.node_set == name and _active(s)), key=_victim_rank
+            )
+            excess = len(active) - desired.get(name, 0)
+            victims.extend(active[: max(excess, 0)])
+        await asyncio.gather(*(self._start_child(slot) for slot in starts))
+        for slot in victims:
+            slot.scale_down_sent = True
+        await asyncio.gather(
+            *(
+                workflow.get_external_workflow_handle(self._child_id(slot)).signal(
+                    WorkerNodeWorkflow.scale_down
+                )
+                for slot in victims
+            )
+        )
+        if starts or victims:
+            self._status_generation += 1
+
+    def _new_slot(self, node_set: NodeSetRequest) -> SlotRecord:
+        assert self._facts is not None and self._cluster is not None
+        index = self._next_index
+        self._next_index += 1
+        spec = WorkerSlotSpec(
+            order=self._input.order,
+            node_set=node_set.name,
+            instance_type=node_set.instance_type,
+            index=index,
+            release_image=self._release_image(),
+            network=self._facts.network_attachment,
+            cluster_namespace=self._cluster.namespace,
+        )
+        slot = SlotRecord(spec=spec, status=WorkerStatus(node_set=node_set.name, name=spec.name))
+        self._slots[spec.name] = slot
+        return slot
+
+    async def _start_child(self, slot: SlotRecord) -> None:
+        order = self._input.order
+        await workflow.start_child_workflow(
+            WorkerNodeWorkflow.run,
+            WorkerNodeInput(
+                slot=slot.spec,
+                policy=self._input.policy,
+                bmaas_task_queue=self._input.bmaas_task_queue,
+                parent_workflow_id=cluster_workflow_id(order),
+            ),
+            id=self._child_id(slot),
+            # Children outlive a continue-as-new of this workflow; they talk to it by workflow id.
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            static_summary=f"Worker {slot.spec.name} ({slot.spec.instance_type}) of {order.key}",
+            static_details=(
+                f"Order: {order.key}\nNode set: {slot.spec.node_set}\nSlot: {slot.spec.name}\n"
+                f"Instance type: {slot.spec.instance_type}"
+            ),
+        )
+
+    def _child_id(self, slot: SlotRecord) -> str:
+        return worker_workflow_id(self._input.order, slot.spec.name)
+
+    # --------------------------------------------------------------------------------- status
+
+    def _set_condition(
+        self, kind: OrderConditionType, status: ConditionStatus, reason: str, message: str = ""
+    ) -> None:
+        new = Condition(type=kind.value, status=status, reason=reason, message=message)
+        if self._conditions.get(kind) != new:
+            self._conditions[kind] = new
+            self._status_generation += 1
+
+    def _current_conditions(self) -> list[Condition]:
+        failed = sum(
+            1 for s in self._slots.values() if not s.deleted and s.status.phase == WorkerPhase.FAILED
+        )
+        workers_failed = (
+            Condition(
+                type=OrderConditionType.WORKERS_FAILED.value,
+                status=ConditionStatus.TRUE,
+                reason="ProvisioningFailed",
+                message=f"{failed} worker(s) failed to provision and are being retried.",
+            )
+            if failed
+            else Condition(
+                type=OrderConditionType.WORKERS_FAILED.value,
+                status=ConditionStatus.FALSE,
+                reason="NoFailures",
+            )
+        )
+        conditions = {**self._conditions, OrderConditionType.WORKERS_FAILED: workers_failed}
+        return [conditions[t] for t in sorted(conditions)]
+
+    def _touch(self) -> None:
+        self._changed = True
+        self._status_generation += 1
+
+    def _event(self, reason: EventReason, message: str, warning: bool = False) -> EventInput:
+        return EventInput(
+            order=self._input.order,
+            reason=reason,
+            message=message,
+            type=EventType.WARNING if warning else EventType.NORMAL,
+        )
+
+    def _events_for(self, before: WorkerStatus, report: WorkerReport) -> list[EventInput]:
+        name, after = before.name, report.status
+        if report.deleted:
+            return [self._event(EventReason.WORKER_DELETED, f"Worker {name} released; its host was wiped")]
+        if after.phase == before.phase:
+            return []
+        if after.phase == WorkerPhase.WAITING_FOR_AGENT:
+            return [self._event(EventReason.WORKER_CREATED, f"Worker {name} runs on BMI {after.resource_id}")]
+        if after.phase == WorkerPhase.BINDING:
+            return [self._event(EventReason.AGENT_CORRELATED, f"Worker {name} matched its agent by MAC")]
+        if after.phase == WorkerPhase.READY:
+            return [self._event(EventReason.WORKER_READY, f"Worker {name} joined the cluster")]
+        if after.phase == WorkerPhase.FAILED:
+            reason = after.last_failure_reason
+            kind = (
+                EventReason.AGENT_REGISTRATION_TIMEOUT
+                if reason == FailureReason.AGENT_REGISTRATION_TIMEOUT
+                else EventReason.WORKER_FAILED
+            )
+            return [
+                self._event(
+                    kind,
+                    f"Worker {name} attempt {after.attempt_count} failed: {reason.value if reason else ''}",
+                    warning=True,
+                )
+            ]
+        return []
+
+    async def _publish_loop(self) -> None:
+        """Coalesce status changes into few ClusterOrder writes."""
+        while True:
+            await workflow.wait_condition(lambda: self._status_generation > self._published_generation)
+            await workflow.sleep(self._input.policy.status_coalesce)
+            generation = self._status_generation
+            status = self.status()
+            events, self._events = self._events, []
+            try:
+                await self._publish(status, events)
+            except ActivityError as err:
+                # A rejected write must not stop later ones: keep the events, try again later.
+                workflow.logger.warning("publishing the order status failed: %s", err)
+                self._events = events + self._events
+                await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
+                continue
+            self._published_generation = generation
+
+    async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
+        await self._hub(
+            HubActivity.PUBLISH_ORDER_STATUS,
+            PublishStatusInput(
+                order=self._input.order,
+                workers=status.workers,
+                desired=status.desired_workers,
+                current=status.current_workers,
+                ready=status.ready_workers,
+                conditions=status.conditions,
+            ),
+            None,
+            summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready",
+        )
+        for event in events:
+            await self._hub(HubActivity.EMIT_EVENT, event, None, summary=f"Event {event.reason.value}")
+
+    async def _flush_status(self, publisher: asyncio.Future[None]) -> None:
+        """Write the latest status, then stop the publisher while it is idle."""
+        self._status_generation += 1
+        await workflow.wait_condition(lambda: self._published_generation >= self._status_generation)
+        publisher.cancel()
+
+    async def _continue_as_new(self, publisher: asyncio.Future[None]) -> None:
+        await self._flush_status(publisher)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        carried = ClusterWorkersCarried(
+            slots=[s for s in self._ordered_slots() if not s.deleted],
+            next_index=self._next_index,
+            decommissioning=self._decommissioning,
+            ignored_scale_downs=self._ignored_scale_downs[-20:],
+        )
+        workflow.continue_as_new(
+            self._input.model_copy(
+                update={
+                    "node_sets": sorted(self._node_sets.values(), key=lambda n: n.name),
+                    "instance_types": sorted(self._instance_types),
+                    "carried": carried,
+                }
+            )
+        )
+
+    # ------------------------------------------------------------------------------- helpers
+
+    def _release_image(self) -> str:
+        if self._facts is None or not self._facts.release_image:
+            raise ApplicationError(
+                "spec.releaseImage: the ClusterOrder names no release image", non_retryable=True
+            )
+        return self._facts.release_image
+
+    def _ordered_slots(self) -> list[SlotRecord]:
+        return sorted(self._slots.values(), key=lambda s: s.spec.index)
+
+    async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
+        return await workflow.execute_activity(
+            name.value,
+            arg,
+            result_type=result_type,
+            task_queue=self._input.bmaas_task_queue,
+            start_to_close_timeout=CALL_TIMEOUT,
+            retry_policy=CALL_RETRY,
+            summary=summary,
+        )
+
+    async def _hub(
+        self, name: HubActivity, arg: Any, result_type: type[T] | None, *, summary: str, wait: bool = False
+    ) -> T:
+        if wait:
+            return await workflow.execute_activity(
+                name.value,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timedelta(days=365),
+                heartbeat_timeout=WAIT_HEARTBEAT,
+                retry_policy=CALL_RETRY,
+                summary=summary,
+            )
+        return await workflow.execute_activity(
+            name.value,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=CALL_TIMEOUT,
+            retry_policy=CALL_RETRY,
+            summary=summary,
+        )
+
+
+def _active(slot: SlotRecord) -> bool:
+    return not slot.deleted and not slot.scale_down_sent
+
+
+def _is_type(err: ActivityError, error_type: str) -> bool:
+    return isinstance(err.cause, ApplicationError) and err.cause.type == error_type

@@ -1,0 +1,506 @@
+"""WorkerNodeWorkflow: one bare-metal worker slot from allocation to a wiped, released host.
+
+Provisioning -> WaitingForAgent -> Binding -> Ready, then on scale-down Unbinding -> Deleting -> done.
+A failure before Ready cleans up (agent, BMI, wipe), waits the policy's backoff in Failed and tries
+again; it never gives up on its own. Deterministic: no I/O, `workflow.now()`, sandboxed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.activities import BmaasActivity, HubActivity
+    from contracts.bmaas import (
+        BootImage,
+        CreateWorkerInstanceInput,
+        CreateWorkerInstanceResult,
+        DeleteInstanceResult,
+        InstanceGone,
+        InstanceRef,
+        InstanceRunning,
+        ListOrderInstancesInput,
+        OrderInstances,
+        ResolveBootImageInput,
+        WaitInstanceGoneInput,
+    )
+    from contracts.hub import (
+        AgentRef,
+        HandAgentInput,
+        InfraEnvRef,
+        NodePoolRef,
+        ReplicaSync,
+        WaitAgentInput,
+        WaitAgentInstalledInput,
+        WaitAgentUnboundInput,
+    )
+    from contracts.worker import TENANT_MESSAGES, FailureReason, WorkerPhase, WorkerStatus
+    from contracts.workflows import (
+        WorkerNodeInput,
+        WorkerNodeResult,
+        WorkerOutcome,
+        WorkerProgress,
+        WorkerReport,
+    )
+    from workflows.search_attributes import (
+        OSAC_ATTEMPT,
+        OSAC_BARE_METAL_INSTANCE,
+        OSAC_CLUSTER_ORDER,
+        OSAC_NODE_SET,
+        OSAC_WORKER_PHASE,
+    )
+
+T = TypeVar("T")
+
+# Calls to a backend: retried by Temporal without end (an outage is waited out, never a give-up).
+CALL_TIMEOUT = timedelta(seconds=60)
+CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
+# Waits run inside heartbeating activities; a dead worker is noticed within the heartbeat timeout.
+WAIT_HEARTBEAT = timedelta(seconds=30)
+WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30))
+
+FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
+
+
+class AttemptFailed(Exception):
+    def __init__(self, reason: FailureReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _failure_of(err: ActivityError) -> AttemptFailed:
+    """Map a non-retryable activity error to the OSAC failure reason it stands for."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type in FAILURE_TYPES:
+        return AttemptFailed(FAILURE_TYPES[cause.type], cause.message)
+    if isinstance(cause, ApplicationError) and (cause.type or "").startswith("Bmaas"):
+        return AttemptFailed(FailureReason.BMI_PROVISIONING_FAILED, f"{cause.type}: {cause.message}")
+    return AttemptFailed(FailureReason.INTERNAL_ERROR, str(cause or err))
+
+
+@workflow.defn
+class WorkerNodeWorkflow:
+    def __init__(self) -> None:
+        self._pending_reports: list[asyncio.Future[None]] = []
+        self._scale_down = False
+        self._progress: WorkerProgress | None = None
+        self._input: WorkerNodeInput | None = None
+
+    # ----------------------------------------------------------------------------------- API
+
+    @workflow.signal
+    def scale_down(self) -> None:
+        """Release this worker: unbind, delete, wipe. Idempotent."""
+        self._scale_down = True
+        if self._progress is not None:
+            self._progress.scale_down_requested = True
+
+    @workflow.query
+    def status(self) -> WorkerStatus:
+        assert self._progress is not None
+        return self._progress.status
+
+    # ------------------------------------------------------------------------------ main flow
+
+    @workflow.run
+    async def run(self, inp: WorkerNodeInput) -> WorkerNodeResult:
+        self._input = inp
+        slot = inp.slot
+        self._progress = inp.progress or WorkerProgress(
+            status=WorkerStatus(node_set=slot.node_set, name=slot.name)
+        )
+        self._scale_down = self._scale_down or self._progress.scale_down_requested
+        self._progress.scale_down_requested = self._scale_down
+        workflow.upsert_search_attributes(
+            [
+                OSAC_CLUSTER_ORDER.value_set(slot.order.key),
+                OSAC_NODE_SET.value_set(slot.node_set),
+            ]
+        )
+        self._publish_phase(self._progress.status.phase)
+
+        while not self._scale_down:
+            if self._progress.status.phase == WorkerPhase.READY:
+                await workflow.wait_condition(
+                    lambda: self._scale_down or workflow.info().is_continue_as_new_suggested()
+                )
+                if not self._scale_down:
+                    await self._continue_as_new()
+                break
+            if self._progress.status.phase == WorkerPhase.FAILED:
+                await self._wait_backoff()
+                if self._scale_down:
+                    break
+                if workflow.info().is_continue_as_new_suggested():
+                    await self._continue_as_new()
+                self._progress.status.attempt_count += 1
+                self._progress.status.next_retry_time = None
+                self._set_phase(WorkerPhase.PROVISIONING)
+            await self._attempt_until_ready_or_scale_down()
+
+        await self._teardown()
+        await self._report(deleted=True)
+        return WorkerNodeResult(
+            name=slot.name, outcome=WorkerOutcome.DELETED, attempts=self._progress.status.attempt_count
+        )
+
+    async def _attempt_until_ready_or_scale_down(self) -> None:
+        """Run one provisioning attempt; a scale-down cancels it wherever it is."""
+        attempt = asyncio.ensure_future(self._provision())
+        await workflow.wait_condition(lambda: attempt.done() or self._scale_down)
+        if not attempt.done():
+            attempt.cancel()
+        try:
+            await attempt
+        except (asyncio.CancelledError, CancelledError):
+            if not self._scale_down:
+                raise
+        except AttemptFailed as failure:
+            await self._fail(failure)
+
+    async def _provision(self) -> None:
+        progress, slot = self._state()
+        if progress.status.phase == WorkerPhase.PROVISIONING:
+            image = await self._bmaas(
+                BmaasActivity.RESOLVE_BOOT_IMAGE,
+                ResolveBootImageInput(release_image=slot.release_image),
+                BootImage,
+                summary=f"Resolve the boot image of {slot.release_image}",
+            )
+            created = await self._bmaas(
+                BmaasActivity.CREATE_WORKER_INSTANCE,
+                CreateWorkerInstanceInput(
+                    order=slot.order,
+                    slot_index=slot.index,
+                    instance_type=slot.instance_type,
+                    disk_image_id=image.disk_image_id,
+                    network_attachment=slot.network,
+                ),
+                CreateWorkerInstanceResult,
+                summary=f"Allocate a {slot.instance_type} host as BMI {slot.name}",
+            )
+            progress.bmi_id = created.instance.id
+            progress.status.resource_id = created.instance.id
+            workflow.upsert_search_attributes([OSAC_BARE_METAL_INSTANCE.value_set(created.instance.id)])
+            running = await self._bmaas(
+                BmaasActivity.WAIT_INSTANCE_RUNNING,
+                InstanceRef(bmi_id=created.instance.id),
+                InstanceRunning,
+                summary=f"Wait until BMI {slot.name} is running",
+                wait=True,
+            )
+            progress.macs = list(running.macs)
+            self._set_phase(WorkerPhase.WAITING_FOR_AGENT)
+
+        if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
+            deadline = workflow.now() + self._policy().agent_registration_timeout
+            agent = await self._hub(
+                HubActivity.WAIT_AGENT_FOR_MACS,
+                WaitAgentInput(
+                    infraenv=InfraEnvRef.for_order(slot.order),
+                    order=slot.order,
+                    macs=progress.macs,
+                    deadline=deadline,
+                ),
+                AgentRef,
+                summary=f"Wait for the discovery agent of {slot.name} to register",
+                wait=True,
+            )
+            progress.agent_name = agent.name
+            self._set_phase(WorkerPhase.BINDING)
+
+        if progress.status.phase == WorkerPhase.BINDING:
+            agent = self._agent_ref()
+            await self._hub(
+                HubActivity.HAND_AGENT_TO_NODEPOOL,
+                HandAgentInput(
+                    agent=agent, nodepool=self._nodepool_ref(), worker=slot.name, hostname=slot.name
+                ),
+                None,
+                summary=f"Approve agent {agent.name} and label it for {slot.nodepool_name}",
+            )
+            progress.agent_handed = True
+            await self._sync_replicas()
+            await self._hub(
+                HubActivity.WAIT_AGENT_INSTALLED,
+                WaitAgentInstalledInput(
+                    agent=agent, deadline=workflow.now() + self._policy().agent_install_timeout
+                ),
+                None,
+                summary=f"Wait until {slot.name} is claimed, installed and joined",
+                wait=True,
+            )
+            progress.failures_in_a_row = 0
+            progress.ready_since = workflow.now()
+            self._set_phase(WorkerPhase.READY)
+
+    async def _fail(self, failure: AttemptFailed) -> None:
+        progress, _ = self._state()
+        now = workflow.now()
+        if progress.ready_since and now - progress.ready_since >= self._policy().attempt_reset_after_ready:
+            progress.failures_in_a_row = 0
+        progress.failures_in_a_row += 1
+        progress.status.last_failure_reason = failure.reason
+        progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
+        progress.status.last_failure_time = now
+        workflow.logger.warning("worker attempt failed: %s", failure)
+        workflow.set_current_details(f"Attempt {progress.status.attempt_count} failed: {failure}")
+        self._set_phase(WorkerPhase.FAILED)
+        await self._release_until_done()
+        backoff = self._policy().backoff(failure.reason, progress.failures_in_a_row)
+        progress.status.next_retry_time = workflow.now() + backoff
+        await self._report()
+
+    async def _wait_backoff(self) -> None:
+        progress, _ = self._state()
+        retry_at = progress.status.next_retry_time or workflow.now()
+        remaining = (retry_at - workflow.now()).total_seconds()
+        if remaining > 0:
+            try:
+                await workflow.wait_condition(lambda: self._scale_down, timeout=remaining)
+            except TimeoutError:
+                pass
+
+    # ------------------------------------------------------------------------------ teardown
+
+    async def _teardown(self) -> None:
+        """Scale-down from any phase: nothing may be left behind."""
+        progress, _ = self._state()
+        self._set_phase(WorkerPhase.UNBINDING if progress.agent_name else WorkerPhase.DELETING)
+        await self._release_until_done()
+
+    async def _release_until_done(self) -> None:
+        """Release never gives up: a hard error is shown in the status and the release tried again."""
+        progress, _ = self._state()
+        failures = 0
+        while True:
+            try:
+                await self._release_resources()
+                return
+            except AttemptFailed as failure:
+                failures += 1
+                workflow.logger.warning("releasing the worker failed, will retry: %s", failure)
+                workflow.set_current_details(f"Release failed, retrying: {failure}")
+                if progress.status.phase != WorkerPhase.FAILED:
+                    progress.status.last_failure_reason = failure.reason
+                    progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
+                    progress.status.last_failure_time = workflow.now()
+                    await self._report()
+                await workflow.sleep(self._policy().backoff(FailureReason.INTERNAL_ERROR, failures))
+
+    async def _release_resources(self) -> None:
+        """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
+        progress, slot = self._state()
+        if progress.agent_name is not None:
+            if progress.status.phase != WorkerPhase.FAILED:
+                self._set_phase(WorkerPhase.UNBINDING)
+            agent = self._agent_ref()
+            if progress.agent_handed:
+                await self._hub(
+                    HubActivity.ANNOTATE_MACHINE_FOR_DELETION,
+                    agent,
+                    None,
+                    summary=f"Mark the Machine of {slot.name} for deletion",
+                )
+                await self._hub(
+                    HubActivity.MARK_AGENT_REMOVING, agent, None, summary=f"Mark agent {agent.name} removing"
+                )
+                await self._sync_replicas()
+                await self._wait_unbound(agent)
+            await self._hub(HubActivity.DELETE_AGENT, agent, None, summary=f"Delete agent {agent.name}")
+            progress.agent_name = None
+            progress.agent_handed = False
+
+        if progress.status.phase != WorkerPhase.FAILED:
+            self._set_phase(WorkerPhase.DELETING)
+        bmi_ids = await self._bmis_of_slot()
+        for bmi_id in bmi_ids:
+            await self._bmaas(
+                BmaasActivity.DELETE_INSTANCE,
+                InstanceRef(bmi_id=bmi_id),
+                DeleteInstanceResult,
+                summary=f"Delete BMI {slot.name} ({bmi_id})",
+            )
+            await self._bmaas(
+                BmaasActivity.WAIT_INSTANCE_GONE,
+                WaitInstanceGoneInput(bmi_id=bmi_id),
+                InstanceGone,
+                summary=f"Wait until the host of {slot.name} is wiped and released",
+                wait=True,
+            )
+        progress.bmi_id = None
+        progress.macs = []
+        progress.status.resource_id = None
+
+    async def _wait_unbound(self, agent: AgentRef) -> None:
+        progress, slot = self._state()
+        while True:
+            try:
+                await self._hub(
+                    HubActivity.WAIT_AGENT_UNBOUND,
+                    WaitAgentUnboundInput(
+                        agent=agent, deadline=workflow.now() + self._policy().agent_unbinding_timeout
+                    ),
+                    None,
+                    summary=f"Wait until {slot.name} is drained and unbound",
+                    wait=True,
+                )
+                return
+            except AttemptFailed as failure:
+                if failure.reason != FailureReason.AGENT_UNBINDING_TIMEOUT:
+                    raise
+                # Stay in Unbinding with the reason visible, and keep waiting.
+                progress.status.last_failure_reason = failure.reason
+                progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
+                progress.status.last_failure_time = workflow.now()
+                await self._report()
+
+    async def _bmis_of_slot(self) -> list[str]:
+        """The BMIs to release: the known one, or any a cancelled create may have left behind."""
+        progress, slot = self._state()
+        if progress.bmi_id is not None:
+            return [progress.bmi_id]
+        found = await self._bmaas(
+            BmaasActivity.LIST_ORDER_INSTANCES,
+            ListOrderInstancesInput(order=slot.order),
+            OrderInstances,
+            summary=f"Look for a BMI of {slot.name} left by an interrupted create",
+        )
+        return sorted(i.id for i in found.instances if i.name == slot.name)
+
+    # ------------------------------------------------------------------------------- helpers
+
+    def _state(self) -> tuple[WorkerProgress, Any]:
+        assert self._progress is not None and self._input is not None
+        return self._progress, self._input.slot
+
+    def _policy(self) -> Any:
+        assert self._input is not None
+        return self._input.policy
+
+    def _agent_ref(self) -> AgentRef:
+        progress, slot = self._state()
+        assert progress.agent_name is not None
+        return AgentRef(namespace=slot.order.namespace, name=progress.agent_name)
+
+    def _nodepool_ref(self) -> NodePoolRef:
+        _, slot = self._state()
+        return NodePoolRef(
+            namespace=slot.cluster_namespace, name=slot.nodepool_name, agent_namespace=slot.order.namespace
+        )
+
+    async def _sync_replicas(self) -> None:
+        _, slot = self._state()
+        await self._hub(
+            HubActivity.SYNC_NODEPOOL_REPLICAS,
+            self._nodepool_ref(),
+            ReplicaSync,
+            summary=f"Set {slot.nodepool_name} replicas to the agents handed to it",
+        )
+
+    def _set_phase(self, phase: WorkerPhase) -> None:
+        progress, _ = self._state()
+        if progress.status.phase == phase:
+            return
+        progress.status.phase = phase
+        self._publish_phase(phase)
+        workflow.set_current_details(f"{phase.value} (attempt {progress.status.attempt_count})")
+        # Not awaited: the parent coalesces reports, and signals from one sender keep their order.
+        self._pending_reports.append(asyncio.ensure_future(self._report()))
+
+    def _publish_phase(self, phase: WorkerPhase) -> None:
+        progress, _ = self._state()
+        workflow.upsert_search_attributes(
+            [
+                OSAC_WORKER_PHASE.value_set(phase.value),
+                OSAC_ATTEMPT.value_set(progress.status.attempt_count),
+            ]
+        )
+
+    async def _report(self, deleted: bool = False) -> None:
+        assert self._input is not None and self._progress is not None
+        if self._input.parent_workflow_id is None:
+            return
+        parent = workflow.get_external_workflow_handle(self._input.parent_workflow_id)
+        try:
+            await parent.signal(
+                "worker_report",
+                WorkerReport(status=self._progress.status.model_copy(deep=True), deleted=deleted),
+            )
+        except ApplicationError as err:
+            # A parent that is gone cannot be told; the worker's own status query still answers.
+            workflow.logger.warning("could not report to the cluster workflow: %s", err)
+
+    async def _continue_as_new(self) -> None:
+        await asyncio.gather(*self._pending_reports)
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        assert self._input is not None and self._progress is not None
+        workflow.continue_as_new(self._input.model_copy(update={"progress": self._progress}))
+
+    async def _bmaas(
+        self,
+        name: BmaasActivity,
+        arg: Any,
+        result_type: type[T] | None,
+        *,
+        summary: str,
+        wait: bool = False,
+    ) -> T:
+        assert self._input is not None
+        return await self._call(
+            name.value, arg, result_type, summary=summary, wait=wait, task_queue=self._input.bmaas_task_queue
+        )
+
+    async def _hub(
+        self,
+        name: HubActivity,
+        arg: Any,
+        result_type: type[T] | None,
+        *,
+        summary: str,
+        wait: bool = False,
+    ) -> T:
+        return await self._call(name.value, arg, result_type, summary=summary, wait=wait, task_queue=None)
+
+    async def _call(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type[T] | None,
+        *,
+        summary: str,
+        wait: bool,
+        task_queue: str | None,
+    ) -> T:
+        try:
+            if wait:
+                result = await workflow.execute_activity(
+                    name,
+                    arg,
+                    result_type=result_type,
+                    task_queue=task_queue,
+                    start_to_close_timeout=timedelta(days=365),
+                    heartbeat_timeout=WAIT_HEARTBEAT,
+                    retry_policy=WAIT_RETRY,
+                    summary=summary,
+                )
+            else:
+                result = await workflow.execute_activity(
+                    name,
+                    arg,
+                    result_type=result_type,
+                    task_queue=task_queue,
+                    start_to_close_timeout=CALL_TIMEOUT,
+                    retry_policy=CALL_RETRY,
+                    summary=summary,
+                )
+        except ActivityError as err:
+            raise _failure_of(err) from err
+        return result
