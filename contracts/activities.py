@@ -14,7 +14,6 @@ class BmaasActivity(StrEnum):
     DELETE_INSTANCE = "delete_instance"
     WAIT_INSTANCE_GONE = "wait_instance_gone"
     LIST_ORDER_INSTANCES = "list_order_instances"
-    LIST_INSTANCE_TYPES = "list_instance_types"
 
 
 class HubActivity(StrEnum):

@@ -1,0 +1,417 @@
+"""The BMaaS activities: create, wait running, delete, wait gone, resolve the boot image, list.
+
+Constructed once at worker start with the process's client, watcher and ignition source; Temporal
+calls the bound `@activity.defn` methods. Every input and output is a contracts.bmaas model and none
+of them carries a secret: the discovery ignition is fetched here, by InfraEnv reference, and only its
+size leaves this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.bmaas.client import CLUSTER_VERSIONS, DISK_IMAGES, INSTANCE_TYPES, BmaasClient, cel_string
+from activities.bmaas.errors import BmaasApiError, redact
+from activities.bmaas.snapshot import BmiSnapshot
+from activities.bmaas.watcher import GONE, BmiWatcher, Observed
+from contracts.bmaas import (
+    CAAS_CATALOG_ITEM,
+    ORDER_LABEL,
+    OWNER_ANNOTATION,
+    SYSTEM_TENANT,
+    BmaasErrorType,
+    BmiState,
+    BootImage,
+    CreateWorkerInstanceInput,
+    CreateWorkerInstanceResult,
+    DeleteInstanceResult,
+    InstanceGone,
+    InstanceRef,
+    InstanceRunning,
+    ListOrderInstancesInput,
+    OrderInstances,
+    ResolveBootImageInput,
+    WaitInstanceGoneInput,
+    WaitProgress,
+    WorkerInstance,
+)
+
+log = logging.getLogger(__name__)
+
+IMAGE_SOURCE_DISK_IMAGE = "disk_image"
+FABRIC_ROLE = "fabric"
+USER_DATA_MAX_BYTES = 64 * 1024
+USER_DATA_WARN_BYTES = 48 * 1024
+# Condition texts by which BMaaS says allocation found no host ("No matching hosts available").
+_NO_HOSTS_MARKERS = ("no matching host", "no hosts available", "no host available", "nomatchinghosts")
+
+
+class IgnitionSource(Protocol):
+    """Where the discovery ignition comes from (the hub side implements it)."""
+
+    async def discovery_ignition(self, namespace: str, infraenv_name: str) -> str: ...
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def order_filter(order_name: str) -> str:
+    """CEL for the BMIs of one order; the `in` guard keeps unlabelled BMIs from being evaluation errors."""
+    label = cel_string(ORDER_LABEL)
+    return (
+        f"this.metadata.tenant == {cel_string(SYSTEM_TENANT)} && "
+        f"{label} in this.metadata.labels && this.metadata.labels[{label}] == {cel_string(order_name)}"
+    )
+
+
+class BmaasActivities:
+    """Activities over the fulfillment-service private API.
+
+    Args:
+        client: the process's BmaasClient.
+        watcher: the process's BmiWatcher (one stream for all waiting activities).
+        ignition: source of discovery ignitions (user data of new BMIs).
+        catalog_item: name of the system pass-through catalog item.
+        heartbeat_interval: upper bound between heartbeats of the waiting activities; a third of the
+            activity's heartbeat timeout is used when that is shorter.
+    """
+
+    def __init__(
+        self,
+        client: BmaasClient,
+        watcher: BmiWatcher,
+        ignition: IgnitionSource,
+        *,
+        catalog_item: str = CAAS_CATALOG_ITEM,
+        heartbeat_interval: float = 5.0,
+    ) -> None:
+        self.client = client
+        self.watcher = watcher
+        self.ignition = ignition
+        self.catalog_item = catalog_item
+        self.heartbeat_interval = heartbeat_interval
+
+    def all(self) -> list[Any]:
+        """Every activity of this class, bound, for `Worker(activities=...)`."""
+        return [
+            self.create_worker_instance,
+            self.wait_instance_running,
+            self.delete_instance,
+            self.wait_instance_gone,
+            self.resolve_boot_image,
+            self.list_order_instances,
+        ]
+
+    # -- create --------------------------------------------------------------------------------
+
+    @activity.defn
+    async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
+        """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created."""
+        existing = await self._find_slot(req.order.name, req.bmi_name)
+        if existing is not None:
+            return self._adopt(existing)
+
+        interface = await self._fabric_interface(req.instance_type) if req.network_attachment else None
+        namespace, infraenv = req.ignition_ref
+        ignition = await self.ignition.discovery_ignition(namespace, infraenv)
+        size = len(ignition.encode())
+        if size > USER_DATA_MAX_BYTES:
+            raise ApplicationError(
+                f"discovery ignition of InfraEnv {namespace}/{infraenv} is {size} bytes, "
+                f"above the {USER_DATA_MAX_BYTES}-byte user_data limit",
+                type=BmaasErrorType.IGNITION_TOO_LARGE.value,
+                non_retryable=True,
+            )
+        body = self._instance_body(req, ignition, interface)
+        try:
+            created = await self.client.create_instance(body, secrets=(ignition,))
+        except BmaasApiError as err:
+            if not err.is_already_exists:
+                raise
+            # A concurrent or earlier create won the name: adopt what is there.
+            existing = await self._find_slot(req.order.name, req.bmi_name)
+            if existing is None:
+                raise BmaasApiError(
+                    f"BMI {req.bmi_name} already exists but is not listed for order {req.order.name}",
+                    BmaasErrorType.CONFLICT,
+                ) from None
+            return self._adopt(existing)
+        snapshot = BmiSnapshot.from_api(created)
+        log.info("created BMI %s (%s) for %s", snapshot.name, snapshot.id, req.order.key)
+        return CreateWorkerInstanceResult(
+            instance=snapshot.worker_instance(),
+            created=True,
+            user_data_bytes=size,
+            user_data_size_warning=size > USER_DATA_WARN_BYTES,
+        )
+
+    def _instance_body(
+        self, req: CreateWorkerInstanceInput, ignition: str, interface: str | None
+    ) -> dict[str, Any]:
+        order = req.order.name
+        spec: dict[str, Any] = {
+            "catalog_item": {"name": self.catalog_item},
+            "instance_type": req.instance_type,
+            "image": {"source_type": IMAGE_SOURCE_DISK_IMAGE, "source_ref": req.disk_image_id},
+            "user_data": ignition,
+        }
+        if req.network_attachment is not None:
+            attachment: dict[str, Any] = {
+                "security_groups": [_reference(ref) for ref in req.network_attachment.security_groups],
+                "interface": interface or "",
+                "primary": True,
+            }
+            if req.network_attachment.subnet:
+                attachment["subnet"] = _reference(req.network_attachment.subnet)
+            spec["network_attachments"] = [attachment]
+        return {
+            "metadata": {
+                "name": req.bmi_name,
+                "tenant": SYSTEM_TENANT,
+                "labels": {ORDER_LABEL: order},
+                "annotations": {OWNER_ANNOTATION: f"ClusterOrder/{order}"},
+            },
+            "spec": spec,
+        }
+
+    async def _find_slot(self, order_name: str, bmi_name: str) -> BmiSnapshot | None:
+        cel = f"{order_filter(order_name)} && this.metadata.name == {cel_string(bmi_name)}"
+        found = [BmiSnapshot.from_api(item) for item in await self.client.list_instances(cel)]
+        # The filter is the server's; check again here so a lax filter can never adopt a stranger.
+        found = [s for s in found if s.name == bmi_name and s.order_name == order_name and s.is_caas_worker]
+        if not found:
+            return None
+        live = [s for s in found if s.state != BmiState.DELETING]
+        return sorted(live or found, key=lambda s: s.id)[0]
+
+    def _adopt(self, snapshot: BmiSnapshot) -> CreateWorkerInstanceResult:
+        if snapshot.state == BmiState.DELETING:
+            # The slot's previous BMI is still being wiped: it is not a live worker. Retry later.
+            raise ApplicationError(
+                f"BMI {snapshot.name} ({snapshot.id}) of this slot is still being deleted",
+                type=BmaasErrorType.INSTANCE_DELETING.value,
+                non_retryable=False,
+            )
+        log.info("adopted BMI %s (%s) in state %s", snapshot.name, snapshot.id, snapshot.state.short)
+        return CreateWorkerInstanceResult(instance=snapshot.worker_instance(), created=False)
+
+    async def _fabric_interface(self, instance_type: str) -> str:
+        cel = f"this.id == {cel_string(instance_type)} || this.metadata.name == {cel_string(instance_type)}"
+        types = await self.client.list_all(INSTANCE_TYPES, cel)
+        types = [t for t in types if instance_type in (t.get("id"), (t.get("metadata") or {}).get("name"))]
+        if not types:
+            raise BmaasApiError(f"unknown instance type {instance_type!r}", BmaasErrorType.INVALID_ARGUMENT)
+        hardware = (types[0].get("spec") or {}).get("hardware") or {}
+        for port in hardware.get("network_ports") or []:
+            if isinstance(port, dict) and port.get("role") == FABRIC_ROLE and port.get("name"):
+                return str(port["name"])
+        raise BmaasApiError(
+            f"instance type {instance_type!r} has no fabric network port", BmaasErrorType.INVALID_ARGUMENT
+        )
+
+    # -- wait running --------------------------------------------------------------------------
+
+    @activity.defn
+    async def wait_instance_running(self, req: InstanceRef) -> InstanceRunning:
+        """Heartbeating wait until the BMI runs with its NICs known; a FAILED BMI fails for good."""
+
+        def done(obs: Observed) -> bool:
+            if not isinstance(obs, BmiSnapshot):
+                return True
+            if obs.state == BmiState.RUNNING:
+                return bool(obs.macs)  # MACs are filled once after allocation
+            return obs.state in (BmiState.FAILED, BmiState.DELETING)
+
+        obs = await self.watcher.wait(
+            req.bmi_id, done, tick=self._tick(), on_tick=self._heartbeat_progress(req.bmi_id)
+        )
+        if not isinstance(obs, BmiSnapshot):
+            raise BmaasApiError(
+                f"BMI {req.bmi_id} disappeared while waiting for it to run", BmaasErrorType.NOT_FOUND
+            )
+        if obs.state == BmiState.FAILED:
+            raise self._provisioning_failure(obs)
+        if obs.state == BmiState.DELETING:
+            raise ApplicationError(
+                f"BMI {obs.name} ({obs.id}) is being deleted while waiting for it to run",
+                type=BmaasErrorType.INSTANCE_DELETING.value,
+                non_retryable=True,
+            )
+        return InstanceRunning(bmi_id=obs.id, name=obs.name, macs=list(obs.macs))
+
+    def _provisioning_failure(self, obs: BmiSnapshot) -> ApplicationError:
+        condition = obs.failure_condition()
+        reason = condition.reason if condition else ""
+        detail = condition.message if condition else ""
+        text = f"{reason} {detail}".lower().replace(" ", "")
+        no_hosts = any(marker.replace(" ", "") in text for marker in _NO_HOSTS_MARKERS)
+        error_type = BmaasErrorType.NO_HOSTS_AVAILABLE if no_hosts else BmaasErrorType.PROVISIONING_FAILED
+        explanation = ": ".join(part for part in (reason, detail) if part) or "no reason given"
+        message = redact(f"BMI {obs.name} ({obs.id}) failed: {explanation}", self._secrets())
+        return ApplicationError(message, type=error_type.value, non_retryable=True)
+
+    # -- delete --------------------------------------------------------------------------------
+
+    @activity.defn
+    async def delete_instance(self, req: InstanceRef) -> DeleteInstanceResult:
+        """Ask BMaaS to release the BMI (it then wipes the host); NotFound means already released."""
+        try:
+            await self.client.delete_instance(req.bmi_id)
+        except BmaasApiError as err:
+            if err.is_not_found:
+                return DeleteInstanceResult(bmi_id=req.bmi_id, already_gone=True)
+            raise
+        return DeleteInstanceResult(bmi_id=req.bmi_id, already_gone=False)
+
+    @activity.defn
+    async def wait_instance_gone(self, req: WaitInstanceGoneInput) -> InstanceGone:
+        """Heartbeating wait until BMaaS confirms the BMI is gone (its wipe finished).
+
+        A stuck wipe (a failure condition, or DELETING longer than `stuck_after_seconds`) is reported
+        in the heartbeat details and the wait goes on: stuck is never gone.
+        """
+        was_stuck = False
+        started = _now()
+        first_seen_deleting: datetime | None = _previous_deleting_since()
+        stuck_after = timedelta(seconds=req.stuck_after_seconds)
+
+        def progress(obs: Observed, streaming: bool) -> None:
+            nonlocal was_stuck, first_seen_deleting
+            details = WaitProgress(bmi_id=req.bmi_id, observed_via="watch" if streaming else "polling")
+            if isinstance(obs, BmiSnapshot):
+                details.state = obs.state
+                if obs.state == BmiState.DELETING:
+                    first_seen_deleting = first_seen_deleting or _now()
+                    since = obs.deleting_since or first_seen_deleting
+                    details.deleting_since = since
+                    failure = obs.deletion_failure()
+                    if failure is not None:
+                        details.stuck = True
+                        details.stuck_reason = redact(
+                            ": ".join(p for p in (failure.reason, failure.message) if p) or "deletion failed",
+                            self._secrets(),
+                        )
+                    elif _now() - since > stuck_after:
+                        details.stuck = True
+                        details.stuck_reason = f"deleting for more than {int(req.stuck_after_seconds)}s"
+                elif _now() - started > stuck_after:
+                    details.stuck = True
+                    details.stuck_reason = "BMI is not being deleted (was the delete requested?)"
+                if details.stuck and not was_stuck:
+                    log.warning("BMI %s deletion looks stuck: %s", req.bmi_id, details.stuck_reason)
+                was_stuck = was_stuck or details.stuck
+            activity.heartbeat(details)
+
+        while True:
+            await self.watcher.wait(req.bmi_id, lambda obs: obs is GONE, tick=self._tick(), on_tick=progress)
+            # Gone as seen by the stream or a relist; confirm with the server before trusting it.
+            if await self.watcher.refresh(req.bmi_id) is GONE:
+                return InstanceGone(bmi_id=req.bmi_id, was_stuck=was_stuck)
+
+    # -- boot image ----------------------------------------------------------------------------
+
+    @activity.defn
+    async def resolve_boot_image(self, req: ResolveBootImageInput) -> BootImage:
+        """The RHCOS DiskImage for a release: ClusterVersion(spec.image) → spec.disk_image → DiskImage."""
+        cel = f"this.spec.image == {cel_string(req.release_image)}"
+        versions = await self.client.list_all(CLUSTER_VERSIONS, cel)
+        versions = sorted(
+            (v for v in versions if (v.get("spec") or {}).get("image") == req.release_image),
+            key=lambda v: str(v.get("id")),
+        )
+        linked: list[tuple[dict[str, Any], str]] = []
+        for v in versions:
+            image_ref = _reference_id((v.get("spec") or {}).get("disk_image"))
+            if image_ref:
+                linked.append((v, image_ref))
+        if not linked:
+            why = "its ClusterVersion links no disk image"
+            if not versions:
+                why = "no ClusterVersion has this release image"
+            raise ApplicationError(
+                f"no RHCOS boot image for release {req.release_image}: {why}",
+                type=BmaasErrorType.RHCOS_IMAGE_NOT_FOUND.value,
+                non_retryable=True,
+            )
+        version, image_id = linked[0]
+        try:
+            image = await self.client.get(DISK_IMAGES, image_id)
+        except BmaasApiError as err:
+            if not err.is_not_found:
+                raise
+            raise ApplicationError(
+                f"ClusterVersion {version.get('id')} links DiskImage {image_id}, which does not exist",
+                type=BmaasErrorType.RHCOS_IMAGE_NOT_FOUND.value,
+                non_retryable=True,
+            ) from None
+        return BootImage(
+            disk_image_id=str(image.get("id") or image_id),
+            disk_image_name=(image.get("metadata") or {}).get("name"),
+            cluster_version=str(version.get("id")),
+            cluster_version_name=(version.get("metadata") or {}).get("name"),
+        )
+
+    # -- listing -------------------------------------------------------------------------------
+
+    @activity.defn
+    async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
+        """Every BMI of an order (any state, DELETING included), sorted by name."""
+        items = await self.client.list_instances(order_filter(req.order.name))
+        snapshots = [BmiSnapshot.from_api(item) for item in items]
+        instances: list[WorkerInstance] = [
+            s.worker_instance() for s in snapshots if s.order_name == req.order.name and s.is_caas_worker
+        ]
+        return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _secrets(self) -> list[str]:
+        token = self.client.token.current
+        return [token] if token else []
+
+    def _tick(self) -> float:
+        tick = self.heartbeat_interval
+        with_timeout = activity.info().heartbeat_timeout
+        if with_timeout:
+            tick = min(tick, max(0.1, with_timeout.total_seconds() / 3))
+        return tick
+
+    def _heartbeat_progress(self, bmi_id: str) -> Any:
+        def progress(obs: Observed, streaming: bool) -> None:
+            details = WaitProgress(bmi_id=bmi_id, observed_via="watch" if streaming else "polling")
+            if isinstance(obs, BmiSnapshot):
+                details.state = obs.state
+            activity.heartbeat(details)
+
+        return progress
+
+
+def _reference(ref: str) -> dict[str, str]:
+    # The order's references are ids; BMaaS resolves `{id}` (a name-only reference would be `{name}`).
+    return {"id": ref}
+
+
+def _reference_id(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, dict):
+        return value.get("id") or value.get("name") or None
+    return None
+
+
+def _previous_deleting_since() -> datetime | None:
+    """When an earlier attempt of this activity first saw the BMI deleting (from its heartbeats)."""
+    for detail in activity.info().heartbeat_details or ():
+        try:
+            progress = detail if isinstance(detail, WaitProgress) else WaitProgress.model_validate(detail)
+        except (ValueError, TypeError):
+            continue
+        if progress.deleting_since is not None:
+            return progress.deleting_since
+    return None

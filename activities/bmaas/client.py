@@ -1,0 +1,349 @@
+"""A small async client for the fulfillment-service PRIVATE REST API (osac-reference.md §2).
+
+One instance per worker process. It owns the HTTP connection pool, the bearer token (read from a
+file and re-read when the file changes, so a rotated token is picked up without a restart) and the
+error taxonomy (errors.py). Idempotent reads are retried briefly inside one call; writes are not
+(activities make them idempotent instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
+from contracts.bmaas import BmaasErrorType
+
+log = logging.getLogger(__name__)
+
+PRIVATE_PREFIX = "/api/private/v1"
+INSTANCES = "baremetal_instances"
+INSTANCE_TYPES = "bare_metal_instance_types"  # sic: this collection is spelled differently
+DISK_IMAGES = "disk_images"
+CLUSTER_VERSIONS = "cluster_versions"
+CATALOG_ITEMS = "baremetal_instance_catalog_items"
+
+# Answers worth another try inside one idempotent call.
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError, TimeoutError)
+
+
+def cel_string(value: str) -> str:
+    """A CEL single-quoted string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass(frozen=True)
+class _FileStamp:
+    mtime_ns: int
+    size: int
+    inode: int
+
+
+class TokenFile:
+    """A bearer token kept in a file (e.g. a mounted secret); re-read whenever the file changes."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._stamp: _FileStamp | None = None
+        self._token: str | None = None
+
+    def _read(self) -> str:
+        try:
+            st = self.path.stat()
+            stamp = _FileStamp(st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp != self._stamp or self._token is None:
+                token = self.path.read_text().strip()
+                if not token:
+                    raise ValueError("empty")
+                self._token, self._stamp = token, stamp
+        except (OSError, ValueError) as exc:
+            # The path is configuration, not a secret; the content never appears here.
+            raise BmaasApiError(
+                f"cannot read the BMaaS token file {self.path}: {type(exc).__name__}",
+                BmaasErrorType.TOKEN_UNAVAILABLE,
+            ) from None
+        return self._token
+
+    def get(self) -> str:
+        return self._read()
+
+    def reload(self) -> str:
+        """Force a re-read (after a 401: the content may have changed within the mtime granularity)."""
+        self._stamp = None
+        return self._read()
+
+    @property
+    def current(self) -> str | None:
+        """The last token read, for redaction only."""
+        return self._token
+
+
+class BmaasClient:
+    """Async client for `/api/private/v1` of the fulfillment service.
+
+    Args:
+        base_url: e.g. ``https://fulfillment.example.com`` (no path).
+        token_file: file holding the bearer token (OSAC_FULFILLMENT_TOKEN_FILE).
+        timeout: total budget of one call in seconds, retries included.
+        ca_bundle: PEM file to verify the server with; the system store when None.
+        read_attempts: tries per idempotent call (GET, DELETE) on 5xx/429/connection errors.
+        transport / event_hooks: passed to httpx (tests count requests with them).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token_file: str | os.PathLike[str],
+        *,
+        timeout: float = 30.0,
+        ca_bundle: str | os.PathLike[str] | None = None,
+        read_attempts: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+        event_hooks: Mapping[str, list[Any]] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = TokenFile(token_file)
+        self.timeout = timeout
+        self.read_attempts = max(1, read_attempts)
+        verify: ssl.SSLContext | bool = True
+        if ca_bundle is not None:
+            verify = ssl.create_default_context(cafile=str(ca_bundle))
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            verify=verify,
+            transport=transport,
+            event_hooks=dict(event_hooks or {}),
+            # Per-operation limits; the call budget is enforced around each call with asyncio.timeout.
+            timeout=httpx.Timeout(timeout),
+            # Many concurrent activities share this pool; the watch stream holds one connection.
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> BmaasClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _secrets(self, extra: Iterable[str]) -> list[str]:
+        found = [s for s in extra if s]
+        if self.token.current:
+            found.append(self.token.current)
+        return found
+
+    def _headers(self, token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        idempotent: bool | None = None,
+        secrets: Iterable[str] = (),
+    ) -> Any:
+        """One API call under the call budget; returns the decoded JSON answer (or None)."""
+        if idempotent is None:
+            idempotent = method in ("GET", "DELETE")
+        secret_list = list(secrets)
+        operation = f"{method} {path}"
+        attempts = self.read_attempts if idempotent else 1
+        deadline = time.monotonic() + self.timeout
+        reauthenticated = False
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise transport_error(operation, TimeoutError())
+            try:
+                token = self.token.get()
+                async with asyncio.timeout(remaining):
+                    resp = await self._http.request(
+                        method, PRIVATE_PREFIX + path, params=params, json=body, headers=self._headers(token)
+                    )
+                    raw = await resp.aread()
+            except BmaasApiError:
+                raise
+            except _TRANSPORT_ERRORS as exc:
+                if attempt >= attempts:
+                    raise transport_error(operation, exc) from None
+                await self._backoff(attempt, deadline)
+                continue
+            if resp.status_code < 300:
+                return _decode(raw)
+            # A rotated token: the file may have changed within one mtime tick; re-read once and retry.
+            if resp.status_code == 401 and not reauthenticated:
+                reauthenticated = True
+                if self.token.reload() != token:
+                    attempt -= 1
+                    continue
+            if idempotent and resp.status_code in _RETRY_STATUSES and attempt < attempts:
+                await self._backoff(attempt, deadline)
+                continue
+            raise error_from_response(
+                operation, resp.status_code, _decode_lenient(raw), self._secrets(secret_list)
+            )
+
+    async def _backoff(self, attempt: int, deadline: float) -> None:
+        delay = min(2.0, 0.1 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        delay = min(delay, max(0.0, deadline - time.monotonic()))
+        await asyncio.sleep(delay)
+
+    # -- generic resources ---------------------------------------------------------------------
+
+    async def list_all(
+        self, collection: str, cel_filter: str | None = None, page_size: int = 100
+    ) -> list[Any]:
+        """Every item of a collection matching a CEL filter, following `offset`/`total` pages."""
+        items: list[Any] = []
+        offset = 0
+        while True:
+            params: dict[str, str | int] = {"offset": offset, "limit": page_size}
+            if cel_filter:
+                params["filter"] = cel_filter
+            page = await self.request("GET", f"/{collection}", params=params)
+            if not isinstance(page, dict):
+                raise BmaasApiError(f"GET /{collection}: not a list answer", BmaasErrorType.PROTOCOL)
+            batch = page.get("items") or []
+            items.extend(batch)
+            offset += len(batch)
+            total = _as_int(page.get("total"))
+            if total is not None:
+                if not batch or offset >= total:
+                    return items
+            elif len(batch) < page_size:
+                return items
+
+    async def get(self, collection: str, object_id: str) -> dict[str, Any]:
+        obj = await self.request("GET", f"/{collection}/{_segment(object_id)}")
+        if not isinstance(obj, dict):
+            raise BmaasApiError(f"GET /{collection}/{object_id}: not an object", BmaasErrorType.PROTOCOL)
+        return obj
+
+    # -- BareMetalInstances --------------------------------------------------------------------
+
+    async def create_instance(self, obj: Mapping[str, Any], *, secrets: Iterable[str] = ()) -> dict[str, Any]:
+        created = await self.request("POST", f"/{INSTANCES}", body=obj, idempotent=False, secrets=secrets)
+        if not isinstance(created, dict) or not created.get("id"):
+            raise BmaasApiError(f"POST /{INSTANCES}: answer without an id", BmaasErrorType.PROTOCOL)
+        return created
+
+    async def get_instance(self, bmi_id: str) -> dict[str, Any]:
+        return await self.get(INSTANCES, bmi_id)
+
+    async def delete_instance(self, bmi_id: str) -> None:
+        await self.request("DELETE", f"/{INSTANCES}/{_segment(bmi_id)}")
+
+    async def list_instances(self, cel_filter: str | None = None) -> list[dict[str, Any]]:
+        return await self.list_all(INSTANCES, cel_filter)
+
+    # -- events/watch --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self, cel_filter: str | None, *, idle_timeout: float | None = None
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """Open `GET /events/watch`; yields an iterator of `event` objects once the stream is open.
+
+        `idle_timeout` bounds the silence between lines: a half-open connection is then noticed and the
+        caller re-subscribes (and re-lists).
+        """
+        operation = "GET /events/watch"
+        params = {"filter": cel_filter} if cel_filter else None
+        token = self.token.get()
+        timeout = httpx.Timeout(self.timeout, read=idle_timeout)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    resp = await stack.enter_async_context(
+                        self._http.stream(
+                            "GET",
+                            PRIVATE_PREFIX + "/events/watch",
+                            params=params,
+                            headers=self._headers(token),
+                            timeout=timeout,
+                        )
+                    )
+                    if resp.status_code >= 300:
+                        raw = await resp.aread()
+            except _TRANSPORT_ERRORS as exc:
+                raise transport_error(operation, exc) from None
+            if resp.status_code >= 300:
+                if resp.status_code == 401:
+                    self.token.reload()
+                body = _decode_lenient(raw)
+                raise error_from_response(operation, resp.status_code, body, self._secrets(()))
+            yield _events(resp, operation)
+
+
+async def _events(resp: httpx.Response, operation: str) -> AsyncIterator[dict[str, Any]]:
+    try:
+        async for line in resp.aiter_lines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                raise BmaasApiError(f"{operation}: undecodable line", BmaasErrorType.PROTOCOL) from None
+            if not isinstance(message, dict):
+                continue
+            if "error" in message:
+                # The gateway reports a failed stream in-band: {"error": {code, message}}.
+                raise error_from_response(operation, resp.status_code, message["error"])
+            result = message.get("result")
+            event = result.get("event") if isinstance(result, dict) else None
+            if isinstance(event, dict):
+                yield event
+    except _TRANSPORT_ERRORS as exc:
+        raise transport_error(operation, exc) from None
+
+
+def _segment(value: str) -> str:
+    """An id as one path segment (ids are server generated, but never trust a path)."""
+    return quote(value, safe="")
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise BmaasApiError("BMaaS answer is not JSON", BmaasErrorType.PROTOCOL) from None
+
+
+def _decode_lenient(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except ValueError:
+        return redact(raw.decode("utf-8", "replace"), ())
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,154 @@
+"""The BMaaS error taxonomy: every failure leaves the client as a typed `ApplicationError`.
+
+Retryability is decided here, once, from the gRPC code the REST gateway reports (falling back to the
+HTTP status), so workflows only ever see a handful of stable `type` strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from temporalio.exceptions import ApplicationError
+
+from contracts.bmaas import NON_RETRYABLE_ERRORS, BmaasErrorType
+
+# gRPC status codes (google.rpc.Code) by number, for messages and mapping.
+GRPC_CODE_NAMES: dict[int, str] = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+    15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
+}
+_GRPC_CODE_NUMBERS = {name: num for num, name in GRPC_CODE_NAMES.items()}
+
+_BY_GRPC_CODE: dict[int, BmaasErrorType] = {
+    3: BmaasErrorType.INVALID_ARGUMENT,
+    11: BmaasErrorType.INVALID_ARGUMENT,
+    9: BmaasErrorType.FAILED_PRECONDITION,
+    16: BmaasErrorType.UNAUTHENTICATED,
+    7: BmaasErrorType.PERMISSION_DENIED,
+    5: BmaasErrorType.NOT_FOUND,
+    6: BmaasErrorType.ALREADY_EXISTS,
+    10: BmaasErrorType.CONFLICT,
+    12: BmaasErrorType.UNIMPLEMENTED,
+}
+
+_BY_HTTP_STATUS: dict[int, BmaasErrorType] = {
+    400: BmaasErrorType.INVALID_ARGUMENT,
+    401: BmaasErrorType.UNAUTHENTICATED,
+    403: BmaasErrorType.PERMISSION_DENIED,
+    404: BmaasErrorType.NOT_FOUND,
+    # A 409 without a gRPC code is a version conflict (ABORTED); ALREADY_EXISTS always carries code 6.
+    409: BmaasErrorType.CONFLICT,
+    501: BmaasErrorType.UNIMPLEMENTED,
+}
+
+MAX_MESSAGE_CHARS = 400
+REDACTED = "<redacted>"
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Remove every secret from a text, and bound its size (server messages may echo input)."""
+    for secret in secrets:
+        # Very short strings would redact ordinary words; secrets we handle are long.
+        if secret and len(secret) >= 8:
+            text = text.replace(secret, REDACTED)
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + "…"
+    return text
+
+
+class BmaasApiError(ApplicationError):
+    """An error answer (or no answer) from the fulfillment service.
+
+    Subclass of `ApplicationError` so it can leave an activity as is; `error_type` and the HTTP and
+    gRPC codes let callers inside the activity branch on it (NotFound on delete, AlreadyExists on
+    create).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        error_type: BmaasErrorType,
+        *,
+        http_status: int | None = None,
+        grpc_code: int | None = None,
+        non_retryable: bool | None = None,
+    ) -> None:
+        if non_retryable is None:
+            non_retryable = error_type in NON_RETRYABLE_ERRORS
+        super().__init__(message, type=error_type.value, non_retryable=non_retryable)
+        self.error_type = error_type
+        self.http_status = http_status
+        self.grpc_code = grpc_code
+
+    @property
+    def is_not_found(self) -> bool:
+        return self.error_type == BmaasErrorType.NOT_FOUND
+
+    @property
+    def is_already_exists(self) -> bool:
+        return self.error_type == BmaasErrorType.ALREADY_EXISTS
+
+
+def _grpc_code(body: Any) -> int | None:
+    if not isinstance(body, dict):
+        return None
+    code = body.get("code")
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, int):
+        return code
+    if isinstance(code, str):
+        if code.isdigit():
+            return int(code)
+        return _GRPC_CODE_NUMBERS.get(code.upper())
+    return None
+
+
+def error_from_response(
+    operation: str, http_status: int, body: Any, secrets: Iterable[str] = ()
+) -> BmaasApiError:
+    """Map a gateway error answer `{"code", "message", "details"}` to a typed error."""
+    grpc_code = _grpc_code(body)
+    server_message = ""
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        server_message = body["message"]
+    elif isinstance(body, str):
+        server_message = body
+    error_type = _BY_GRPC_CODE.get(grpc_code) if grpc_code is not None else None
+    if error_type is None:
+        if http_status in _BY_HTTP_STATUS:
+            error_type = _BY_HTTP_STATUS[http_status]
+        elif http_status == 429 or http_status >= 500:
+            error_type = BmaasErrorType.UNAVAILABLE
+        elif grpc_code is not None and grpc_code not in (0,):
+            # UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNKNOWN...: transient.
+            error_type = BmaasErrorType.UNAVAILABLE
+        else:
+            error_type = BmaasErrorType.INVALID_ARGUMENT
+    code_text = GRPC_CODE_NAMES.get(grpc_code, str(grpc_code)) if grpc_code is not None else "-"
+    message = f"{operation}: HTTP {http_status} {code_text}"
+    if server_message:
+        message += f": {server_message}"
+    return BmaasApiError(redact(message, secrets), error_type, http_status=http_status, grpc_code=grpc_code)
+
+
+def transport_error(operation: str, exc: BaseException) -> BmaasApiError:
+    """A call that got no answer: always retryable. Only the exception class is kept (no payloads)."""
+    kind = "timed out" if isinstance(exc, TimeoutError) else f"failed ({type(exc).__name__})"
+    return BmaasApiError(f"{operation}: {kind}", BmaasErrorType.TRANSPORT)

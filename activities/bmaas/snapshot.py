@@ -1,0 +1,151 @@
+"""A compact, secret-free view of a BareMetalInstance (what the watcher keeps per BMI)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from contracts.bmaas import ORDER_LABEL, SYSTEM_TENANT, BmiState, WorkerInstance
+
+_HEX12 = re.compile(r"^[0-9a-f]{12}$")
+# What a failed deprovisioning names: "HostSanitizationFailed", "disk wipe failed", "cleaning failed"...
+_DELETION_WORDS = ("saniti", "wipe", "deprovision", "clean", "release", "delet")
+
+
+def normalize_mac(mac: str) -> str:
+    """Lowercase colon form (`AA-BB-..`, `aabb.ccdd.eeff` and bare hex accepted)."""
+    flat = re.sub(r"[^0-9a-fA-F]", "", mac).lower()
+    if _HEX12.match(flat):
+        return ":".join(flat[i : i + 2] for i in range(0, 12, 2))
+    return mac.strip().lower()
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+    @property
+    def is_true(self) -> bool:
+        return self.status.upper().endswith("TRUE")
+
+    @property
+    def reports_failure(self) -> bool:
+        """A condition whose reason or type says something failed."""
+        text = f"{self.type} {self.reason}".lower()
+        if "fail" not in text and "error" not in text:
+            return False
+        # `*_FAILED` types report a failure when true; a failure reason reports it whatever the status.
+        return self.is_true if "fail" in self.type.lower() else True
+
+    @property
+    def reports_deletion_failure(self) -> bool:
+        """A failure of the deprovisioning itself (wipe, sanitisation, cleaning).
+
+        A FAILED instance that is then deleted still carries its provisioning failure; that one must not
+        read as a stuck wipe, hence the check for what failed.
+        """
+        text = f"{self.reason} {self.message}".lower()
+        return self.reports_failure and any(word in text for word in _DELETION_WORDS)
+
+
+@dataclass(frozen=True)
+class BmiSnapshot:
+    id: str
+    name: str
+    tenant: str | None
+    state: BmiState
+    version: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    macs: tuple[str, ...] = ()
+    conditions: tuple[Condition, ...] = ()
+    instance_type: str | None = None
+    created_at: datetime | None = None
+    deleting_since: datetime | None = None
+
+    @classmethod
+    def from_api(cls, obj: Mapping[str, Any]) -> BmiSnapshot:
+        """Keep only what waiting needs: `spec.user_data` (a secret) is never copied."""
+        metadata = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        hardware = status.get("hardware") or {}
+        nics = [nic for nic in hardware.get("nics") or [] if isinstance(nic, dict) and nic.get("mac")]
+        macs = sorted({normalize_mac(str(nic["mac"])) for nic in nics})
+        conditions = tuple(
+            Condition(
+                type=str(c.get("type") or ""),
+                status=str(c.get("status") or ""),
+                reason=str(c.get("reason") or ""),
+                message=str(c.get("message") or ""),
+            )
+            for c in status.get("conditions") or []
+            if isinstance(c, dict)
+        )
+        labels = metadata.get("labels") or {}
+        version: int | None
+        try:
+            version = int(metadata["version"])
+        except (KeyError, TypeError, ValueError):
+            version = None
+        return cls(
+            id=str(obj.get("id") or ""),
+            name=str(metadata.get("name") or ""),
+            tenant=metadata.get("tenant"),
+            state=BmiState.parse(status.get("state")),
+            version=version,
+            labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+            macs=tuple(macs),
+            conditions=conditions,
+            instance_type=spec.get("instance_type") if isinstance(spec.get("instance_type"), str) else None,
+            created_at=parse_time(metadata.get("creation_timestamp")),
+            deleting_since=parse_time(metadata.get("deletion_timestamp")),
+        )
+
+    @property
+    def order_name(self) -> str | None:
+        return self.labels.get(ORDER_LABEL)
+
+    @property
+    def is_caas_worker(self) -> bool:
+        """Inside the watcher's scope: a system-tenant BMI labelled for a cluster order."""
+        return self.tenant == SYSTEM_TENANT and ORDER_LABEL in self.labels
+
+    def failure_condition(self) -> Condition | None:
+        """The condition that best explains a FAILED instance."""
+        failing = [c for c in self.conditions if c.reports_failure]
+        if failing:
+            return failing[0]
+        # No failure-looking reason (e.g. "NoMatchingHosts"): the first false condition explains it.
+        false = [c for c in self.conditions if not c.is_true and (c.reason or c.message)]
+        return false[0] if false else None
+
+    def deletion_failure(self) -> Condition | None:
+        """The condition by which a DELETING instance says its deprovisioning failed, if any."""
+        failing = [c for c in self.conditions if c.reports_deletion_failure]
+        return failing[0] if failing else None
+
+    def worker_instance(self) -> WorkerInstance:
+        return WorkerInstance(
+            id=self.id,
+            name=self.name,
+            state=self.state,
+            instance_type=self.instance_type,
+            order_name=self.order_name,
+            created_at=self.created_at,
+            deleting_since=self.deleting_since,
+        )

@@ -1,0 +1,216 @@
+"""Inputs, outputs and error types of the BMaaS (fulfillment-service) activities.
+
+Non-secret by construction: no model here carries a token, user data or the discovery ignition.
+The activity that creates a BMI fetches the ignition itself, by InfraEnv reference.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.refs import DNS_LABEL, NetworkAttachmentRef, OrderRef
+
+# Labels and annotations that mark a BMI as created for a ClusterOrder (osac-reference.md §3).
+ORDER_LABEL = "osac.openshift.io/cluster-order"
+OWNER_ANNOTATION = "osac.openshift.io/owner-reference"
+SYSTEM_TENANT = "system"
+CAAS_CATALOG_ITEM = "caas-system-bmi"
+
+
+class BmiState(StrEnum):
+    """`status.state` of a BareMetalInstance, with the wire values."""
+
+    UNSPECIFIED = "BARE_METAL_INSTANCE_STATE_UNSPECIFIED"
+    PROVISIONING = "BARE_METAL_INSTANCE_STATE_PROVISIONING"
+    RUNNING = "BARE_METAL_INSTANCE_STATE_RUNNING"
+    FAILED = "BARE_METAL_INSTANCE_STATE_FAILED"
+    DELETING = "BARE_METAL_INSTANCE_STATE_DELETING"
+    STARTING = "BARE_METAL_INSTANCE_STATE_STARTING"
+    STOPPING = "BARE_METAL_INSTANCE_STATE_STOPPING"
+    STOPPED = "BARE_METAL_INSTANCE_STATE_STOPPED"
+
+    @classmethod
+    def parse(cls, value: object) -> BmiState:
+        """Unknown or missing values read as UNSPECIFIED rather than failing a whole list."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.UNSPECIFIED
+
+    @property
+    def short(self) -> str:
+        return self.value.removeprefix("BARE_METAL_INSTANCE_STATE_")
+
+
+class BmaasErrorType(StrEnum):
+    """`ApplicationError.type` values raised by the BMaaS activities.
+
+    Non-retryable ones are listed in NON_RETRYABLE_ERRORS; the rest (5xx, timeouts, connection errors,
+    409 version conflicts, a slot whose old BMI is still being deleted, an unreadable token file) retry.
+    """
+
+    INVALID_ARGUMENT = "BmaasInvalidArgument"
+    FAILED_PRECONDITION = "BmaasFailedPrecondition"
+    UNAUTHENTICATED = "BmaasUnauthenticated"
+    UNIMPLEMENTED = "BmaasUnimplemented"
+    TOKEN_UNAVAILABLE = "BmaasTokenUnavailable"
+    PERMISSION_DENIED = "BmaasPermissionDenied"
+    NOT_FOUND = "BmaasNotFound"
+    ALREADY_EXISTS = "BmaasAlreadyExists"
+    CONFLICT = "BmaasConflict"
+    UNAVAILABLE = "BmaasUnavailable"
+    TRANSPORT = "BmaasTransportError"
+    PROTOCOL = "BmaasProtocolError"
+    # A BMI of this slot is still being deleted: wait until it is gone, then create again.
+    INSTANCE_DELETING = "BMIDeleting"
+    # The values below equal contracts.worker.FailureReason values on purpose.
+    PROVISIONING_FAILED = "BMIProvisioningFailed"
+    NO_HOSTS_AVAILABLE = "NoHostsAvailable"
+    RHCOS_IMAGE_NOT_FOUND = "RHCOSImageNotFound"
+    IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
+
+
+NON_RETRYABLE_ERRORS: frozenset[BmaasErrorType] = frozenset(
+    {
+        BmaasErrorType.INVALID_ARGUMENT,
+        BmaasErrorType.FAILED_PRECONDITION,
+        BmaasErrorType.UNAUTHENTICATED,
+        BmaasErrorType.UNIMPLEMENTED,
+        BmaasErrorType.PERMISSION_DENIED,
+        BmaasErrorType.NOT_FOUND,
+        BmaasErrorType.ALREADY_EXISTS,
+        BmaasErrorType.PROVISIONING_FAILED,
+        BmaasErrorType.NO_HOSTS_AVAILABLE,
+        BmaasErrorType.RHCOS_IMAGE_NOT_FOUND,
+        BmaasErrorType.IGNITION_TOO_LARGE,
+    }
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# create_worker_instance
+
+
+class CreateWorkerInstanceInput(BaseModel):
+    """One worker slot of an order. The BMI name is derived, so a retry can only find the same BMI."""
+
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    slot_index: int = Field(ge=0)
+    instance_type: str = Field(min_length=1)
+    disk_image_id: str = Field(min_length=1)
+    network_attachment: NetworkAttachmentRef | None = None
+    # The InfraEnv whose discovery ignition becomes the BMI's user data; defaults to the order's.
+    infraenv_name: str | None = Field(default=None, pattern=DNS_LABEL)
+    infraenv_namespace: str | None = Field(default=None, pattern=DNS_LABEL)
+
+    @property
+    def bmi_name(self) -> str:
+        return self.order.worker_name(self.slot_index)
+
+    @property
+    def ignition_ref(self) -> tuple[str, str]:
+        """(namespace, name) of the InfraEnv to fetch the ignition from."""
+        namespace = self.infraenv_namespace or self.order.namespace
+        return (namespace, self.infraenv_name or self.order.infraenv_name)
+
+
+class WorkerInstance(BaseModel):
+    """A BMI as the workflows see it: identity and state, nothing secret."""
+
+    id: str
+    name: str
+    state: BmiState
+    instance_type: str | None = None
+    order_name: str | None = None
+    created_at: datetime | None = None
+    deleting_since: datetime | None = None
+
+
+class CreateWorkerInstanceResult(BaseModel):
+    instance: WorkerInstance
+    # False when an existing BMI of this slot was adopted (a retry, or a concurrent create).
+    created: bool
+    # Size of the user data sent, so the workflow can raise DiscoveryIgnitionSizeWarning.
+    user_data_bytes: int | None = None
+    user_data_size_warning: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# waits and deletion
+
+
+class InstanceRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bmi_id: str = Field(min_length=1)
+
+
+class InstanceRunning(BaseModel):
+    bmi_id: str
+    name: str
+    # Every NIC's MAC, lowercase colon form, sorted (bonds may report any of them).
+    macs: list[str]
+
+
+class DeleteInstanceResult(BaseModel):
+    bmi_id: str
+    # True when the BMI was already gone (NotFound counts as success).
+    already_gone: bool
+
+
+class WaitInstanceGoneInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bmi_id: str = Field(min_length=1)
+    # A BMI DELETING longer than this is reported stuck (in heartbeats); the wait goes on regardless.
+    stuck_after_seconds: float = Field(default=1800.0, gt=0)
+
+
+class InstanceGone(BaseModel):
+    bmi_id: str
+    # Whether the wipe was seen stuck at some point during the wait (it finished in the end).
+    was_stuck: bool = False
+
+
+class WaitProgress(BaseModel):
+    """Heartbeat details of the waiting activities: non-secret facts only."""
+
+    bmi_id: str
+    state: BmiState | None = None
+    # How the state is being observed: "watch" (the shared stream) or "polling" (stream down).
+    observed_via: str = "watch"
+    stuck: bool = False
+    stuck_reason: str | None = None
+    deleting_since: datetime | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# boot image and listing
+
+
+class ResolveBootImageInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    release_image: str = Field(min_length=1)
+
+
+class BootImage(BaseModel):
+    disk_image_id: str
+    disk_image_name: str | None = None
+    cluster_version: str  # the ClusterVersion's id
+    cluster_version_name: str | None = None
+
+
+class ListOrderInstancesInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+
+
+class OrderInstances(BaseModel):
+    instances: list[WorkerInstance]

@@ -1,0 +1,185 @@
+"""create_worker_instance, list_order_instances and resolve_boot_image against the twin."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from contracts.bmaas import (
+    ORDER_LABEL,
+    OWNER_ANNOTATION,
+    BmaasErrorType,
+    BmiState,
+    InstanceRef,
+    ListOrderInstancesInput,
+    ResolveBootImageInput,
+    WaitInstanceGoneInput,
+)
+from contracts.refs import OrderRef
+from lab.fulfillment.seed import CLUSTER_VERSION_NAME, DISK_IMAGE_NAME, RELEASE_IMAGE, seeded_id
+from lab.fulfillment.testing import bmi_body
+from tests.activities.conftest import Harness, wait_for
+
+
+async def test_create_builds_the_osac_bmi(harness: Harness) -> None:
+    result = await harness.run(harness.acts.create_worker_instance, harness.slot(2))
+    assert result.created and result.instance.name == "order1-worker-2"
+    assert result.user_data_bytes == len(harness.ignition.ignition.encode())
+    assert not result.user_data_size_warning
+    assert harness.ignition.calls == [("tenant-ns", "order1-infraenv")]
+
+    bmi = await harness.lab.get_bmi(result.instance.id)
+    assert bmi is not None
+    meta, spec = bmi["metadata"], bmi["spec"]
+    assert meta["tenant"] == "system"
+    assert meta["labels"] == {ORDER_LABEL: "order1"}
+    assert meta["annotations"] == {OWNER_ANNOTATION: "ClusterOrder/order1"}
+    assert spec["instance_type"] == "bm-standard"
+    assert spec["image"] == {"source_type": "disk_image", "source_ref": harness.disk_image_id}
+    assert spec["catalog_item"]["name"] == "caas-system-bmi"
+    assert spec["network_attachments"] == [
+        {
+            "subnet": {"id": "subnet-1"},
+            "security_groups": [{"id": "sg-1"}, {"id": "sg-2"}],
+            "interface": "data-0",  # the first fabric port of bm-standard
+            "primary": True,
+        }
+    ]
+    assert "user_data" not in spec  # the twin never answers it; we never asked for it back
+
+
+async def test_create_twice_is_one_bmi(harness: Harness) -> None:
+    first = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    second = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    assert first.created and not second.created
+    assert second.instance.id == first.instance.id
+    # The adopting attempt found the BMI before fetching any secret.
+    assert len(harness.ignition.calls) == 1
+    assert len(await harness.lab.list_bmis(f"this.metadata.name == '{first.instance.name}'")) == 1
+
+
+async def test_concurrent_creates_make_one_bmi_via_already_exists(harness: Harness) -> None:
+    # Both attempts list (nothing there) and fetch the ignition before either posts: one POST must then
+    # answer AlreadyExists and that attempt adopts the winner's BMI.
+    arrived = 0
+    both_listed = asyncio.Event()
+
+    async def barrier() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 2:
+            both_listed.set()
+        await asyncio.wait_for(both_listed.wait(), 20)
+
+    harness.ignition.hook = barrier
+    results = await asyncio.gather(
+        harness.run(harness.acts.create_worker_instance, harness.slot(1)),
+        harness.run(harness.acts.create_worker_instance, harness.slot(1)),
+    )
+    assert sorted(r.created for r in results) == [False, True]
+    assert results[0].instance.id == results[1].instance.id
+    assert len(await harness.lab.list_bmis("this.metadata.name == 'order1-worker-1'")) == 1
+    stats = await harness.lab.stats()
+    assert stats["POST /api/private/v1/baremetal_instances"] == 2
+
+
+async def test_adopts_on_already_exists(harness: Harness) -> None:
+    # Another creator wins the name between our list and our create.
+    racer_id: list[str] = []
+
+    async def racer() -> None:
+        resp = await harness.lab.post(
+            "/baremetal_instances", bmi_body("order1-worker-5", labels={ORDER_LABEL: "order1"})
+        )
+        assert resp.status_code == 200, resp.text
+        racer_id.append(resp.json()["id"])
+
+    harness.ignition.hook = racer
+    result = await harness.run(harness.acts.create_worker_instance, harness.slot(5))
+    assert not result.created
+    assert result.instance.id == racer_id[0]
+
+
+async def test_deleting_bmi_of_the_slot_is_not_adopted(harness: Harness) -> None:
+    await harness.lab.timings(wipe_s=30.0)  # keep it DELETING for the test
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    await harness.run(harness.acts.delete_instance, InstanceRef(bmi_id=created.instance.id))
+
+    with pytest.raises(ApplicationError) as info:
+        await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    assert info.value.type == BmaasErrorType.INSTANCE_DELETING.value
+    assert not info.value.non_retryable  # the workflow waits it gone, then retries
+
+
+async def test_slot_is_recreated_after_the_old_bmi_is_gone(harness: Harness) -> None:
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(3))
+    await harness.run(harness.acts.delete_instance, InstanceRef(bmi_id=created.instance.id))
+    gone = await harness.run(
+        harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=created.instance.id)
+    )
+    assert gone.bmi_id == created.instance.id
+    again = await harness.run_retrying(harness.acts.create_worker_instance, harness.slot(3))
+    assert again.created and again.instance.id != created.instance.id
+
+
+async def test_list_order_instances(harness: Harness) -> None:
+    for index in (1, 0):
+        await harness.run(harness.acts.create_worker_instance, harness.slot(index, order="alpha"))
+    await harness.run(harness.acts.create_worker_instance, harness.slot(0, order="beta"))
+    # A system BMI without the order label must not be listed.
+    resp = await harness.lab.post("/baremetal_instances", bmi_body("alpha-worker-9"))
+    assert resp.status_code == 200, resp.text
+
+    listed = await harness.run(
+        harness.acts.list_order_instances,
+        ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="alpha")),
+    )
+    assert [i.name for i in listed.instances] == ["alpha-worker-0", "alpha-worker-1"]
+    assert all(i.order_name == "alpha" and i.instance_type == "bm-standard" for i in listed.instances)
+    assert all(i.state in set(BmiState) for i in listed.instances)
+
+
+async def test_resolve_boot_image(harness: Harness) -> None:
+    image = await harness.run(
+        harness.acts.resolve_boot_image, ResolveBootImageInput(release_image=RELEASE_IMAGE)
+    )
+    assert image.disk_image_id == seeded_id("disk_image", DISK_IMAGE_NAME)
+    assert image.disk_image_name == DISK_IMAGE_NAME
+    assert image.cluster_version == seeded_id("cluster_version", CLUSTER_VERSION_NAME)
+
+
+async def test_resolve_boot_image_missing(harness: Harness) -> None:
+    with pytest.raises(ApplicationError) as info:
+        await harness.run(
+            harness.acts.resolve_boot_image,
+            ResolveBootImageInput(release_image="quay.io/x/ocp-release:9.9.9"),
+        )
+    assert info.value.type == BmaasErrorType.RHCOS_IMAGE_NOT_FOUND.value and info.value.non_retryable
+
+    # A ClusterVersion that links no disk image.
+    unlinked = "quay.io/openshift-release-dev/ocp-release:4.19.0-x86_64"
+    resp = await harness.lab.post(
+        "/cluster_versions",
+        {"metadata": {"name": "4.19.0"}, "spec": {"image": unlinked, "version": "4.19.0"}},
+    )
+    assert resp.status_code == 200, resp.text
+    with pytest.raises(ApplicationError) as info:
+        await harness.run(harness.acts.resolve_boot_image, ResolveBootImageInput(release_image=unlinked))
+    assert info.value.type == BmaasErrorType.RHCOS_IMAGE_NOT_FOUND.value and info.value.non_retryable
+    assert "links no disk image" in info.value.message
+
+
+async def test_wait_sees_bmis_created_before_the_watcher(harness: Harness) -> None:
+    # A BMI that exists before the worker started is known through the gap-closing list.
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(7))
+    await harness.watcher.stop()
+    harness.watcher.start()
+    await harness.watcher.wait_streaming(20.0)
+    assert await wait_for(lambda: _known(harness, created.instance.id), what="BMI listed")
+
+
+async def _known(harness: Harness, bmi_id: str) -> bool:
+    return harness.watcher.observed(bmi_id) is not None

@@ -1,0 +1,146 @@
+"""The error taxonomy end to end, token handling, and the secrets promise."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.bmaas import BmaasActivities, BmaasClient, BmiWatcher
+from contracts.bmaas import (
+    BmaasErrorType,
+    InstanceRef,
+    ListOrderInstancesInput,
+    WaitInstanceGoneInput,
+)
+from contracts.refs import OrderRef
+from lab.fulfillment.testing import bmi_body
+from tests.activities.conftest import Harness
+
+ORDER = ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="order1"))
+
+
+async def _error(harness: Harness, fn: object, arg: object) -> ApplicationError:
+    with pytest.raises(ApplicationError) as info:
+        await harness.run(fn, arg)  # type: ignore[arg-type]
+    return info.value
+
+
+async def test_wrong_token_is_unauthenticated(harness: Harness) -> None:
+    harness.token_file.write_text("not-the-admin-token-at-all\n")
+    err = await _error(harness, harness.acts.list_order_instances, ORDER)
+    assert err.type == BmaasErrorType.UNAUTHENTICATED.value and err.non_retryable
+    assert "not-the-admin-token-at-all" not in err.message
+    harness.secrets.append("not-the-admin-token-at-all")
+
+
+async def test_tenant_token_is_permission_denied(harness: Harness) -> None:
+    harness.token_file.write_text(harness.twin.tenant_token)
+    harness.secrets.append(harness.twin.tenant_token)
+    err = await _error(harness, harness.acts.list_order_instances, ORDER)
+    assert err.type == BmaasErrorType.PERMISSION_DENIED.value and err.non_retryable
+
+
+async def test_token_rotation_is_picked_up(harness: Harness) -> None:
+    await harness.run(harness.acts.list_order_instances, ORDER)
+    rotated = "rotated-admin-token-0123456789abcdef"
+    harness.secrets.append(rotated)
+
+    async def rotate() -> None:
+        harness.twin.lab.config.admin_token = rotated
+
+    harness.twin.call(rotate())
+    # The server moved on; until the file follows, calls are refused...
+    err = await _error(harness, harness.acts.list_order_instances, ORDER)
+    assert err.type == BmaasErrorType.UNAUTHENTICATED.value
+    # ...and once the mounted secret is updated, the same client uses it without a restart.
+    harness.token_file.write_text(rotated + "\n")
+    listed = await harness.run(harness.acts.list_order_instances, ORDER)
+    assert listed.instances == []
+
+
+async def test_unknown_instance_type_is_invalid_argument(harness: Harness) -> None:
+    # With a network attachment the activity looks the type up itself (for the fabric port)...
+    err = await _error(harness, harness.acts.create_worker_instance, harness.slot(0, instance_type="bm-nope"))
+    assert err.type == BmaasErrorType.INVALID_ARGUMENT.value and err.non_retryable
+    assert "bm-nope" in err.message
+    assert harness.ignition.calls == []  # refused before any secret was fetched
+    # ...without one, BMaaS refuses the create (InvalidArgument from the server, its message kept).
+    bare = harness.slot(0, instance_type="bm-nope").model_copy(update={"network_attachment": None})
+    err = await _error(harness, harness.acts.create_worker_instance, bare)
+    assert err.type == BmaasErrorType.INVALID_ARGUMENT.value and err.non_retryable
+    assert "spec.instance_type" in err.message
+
+
+async def test_no_hosts_is_no_hosts_available(harness: Harness) -> None:
+    await harness.lab.faults(no_free_hosts=True)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    err = await _error(harness, harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    assert err.type == BmaasErrorType.NO_HOSTS_AVAILABLE.value and err.non_retryable
+    assert "No matching hosts available" in err.message
+
+
+async def test_failed_provisioning_is_bmi_provisioning_failed(harness: Harness) -> None:
+    await harness.lab.faults(provisioning_failure_rate=1.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    ref = InstanceRef(bmi_id=created.instance.id)
+    err = await _error(harness, harness.acts.wait_instance_running, ref)
+    assert err.type == BmaasErrorType.PROVISIONING_FAILED.value and err.non_retryable
+    assert "ProvisioningFailed" in err.message
+    # The failed BMI is released like any other; its old failure is not mistaken for a stuck wipe.
+    await harness.run(harness.acts.delete_instance, ref)
+    gone = await harness.run(harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id))
+    assert not gone.was_stuck
+
+
+async def test_ignition_too_large_is_refused_before_create(harness: Harness) -> None:
+    harness.ignition.secret = "S" * (70 * 1024)
+    harness.secrets.append(harness.ignition.secret)
+    err = await _error(harness, harness.acts.create_worker_instance, harness.slot(0))
+    assert err.type == BmaasErrorType.IGNITION_TOO_LARGE.value and err.non_retryable
+    assert await harness.lab.list_bmis() == []
+
+
+async def test_waiting_on_unknown_or_foreign_bmis(harness: Harness) -> None:
+    err = await _error(harness, harness.acts.wait_instance_running, InstanceRef(bmi_id="no-such-bmi"))
+    assert err.type == BmaasErrorType.NOT_FOUND.value and err.non_retryable
+    # A BMI outside the watcher's scope (no order label) would never be woken: refused at once.
+    resp = await harness.lab.post("/baremetal_instances", bmi_body("stray-0"))
+    err = await _error(harness, harness.acts.wait_instance_running, InstanceRef(bmi_id=resp.json()["id"]))
+    assert err.type == BmaasErrorType.INVALID_ARGUMENT.value and err.non_retryable
+
+
+async def test_hanging_calls_time_out_retryably(harness: Harness) -> None:
+    client = BmaasClient(harness.twin.url, harness.token_file, timeout=1.0)
+    acts = BmaasActivities(client, BmiWatcher(client), harness.ignition)
+    try:
+        await harness.lab.faults(routes={"GET /api/private/v1/baremetal_instances": {"hang_rate": 1.0}})
+        err = await _error(harness, acts.list_order_instances, ORDER)
+        assert err.type == BmaasErrorType.TRANSPORT.value and not err.non_retryable
+        await harness.lab.faults(routes={"GET /api/private/v1/baremetal_instances": {"error_rate": 1.0}})
+        err = await _error(harness, acts.list_order_instances, ORDER)
+        assert err.type == BmaasErrorType.UNAVAILABLE.value and not err.non_retryable
+        assert "injected error" in err.message  # the server's message is kept
+    finally:
+        await client.aclose()
+
+
+async def test_full_life_leaks_no_secret(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    await harness.lab.timings(boot_s=0.3, wipe_s=0.3)
+    await harness.lab.faults(error_rate=0.2, seed=3)
+    created = await harness.run_retrying(harness.acts.create_worker_instance, harness.slot(0))
+    ref = InstanceRef(bmi_id=created.instance.id)
+    await harness.run_retrying(harness.acts.wait_instance_running, ref)
+    await harness.run_retrying(harness.acts.delete_instance, ref)
+    await harness.run_retrying(harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id))
+    await harness.lab.clear_faults()
+    # And the failure paths: a server-side refusal and a bad token.
+    bare = harness.slot(1, instance_type="bm-nope").model_copy(update={"network_attachment": None})
+    await _error(harness, harness.acts.create_worker_instance, bare)
+    harness.token_file.write_text("wrong-token-wrong-token\n")
+    await _error(harness, harness.acts.create_worker_instance, harness.slot(2))
+    assert harness.heartbeats and harness.results and harness.errors
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert harness.leaked(text) == []

@@ -1,0 +1,99 @@
+"""The activities inside a real worker on the dev server, with the pydantic data converter: names,
+payloads, heartbeats and error types survive the trip through Temporal."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from activities.bmaas import BmaasActivities
+from contracts.bmaas import (
+    BmaasErrorType,
+    CreateWorkerInstanceInput,
+    InstanceRef,
+    WaitInstanceGoneInput,
+)
+from tests.activities.conftest import Harness
+
+WAIT = timedelta(seconds=60)
+CALL = timedelta(seconds=30)
+HEARTBEAT = timedelta(seconds=3)
+RETRY = RetryPolicy(maximum_interval=timedelta(seconds=1))
+
+
+class LifeOutcome(BaseModel):
+    macs: list[str] = []
+    failure_type: str | None = None
+    non_retryable: bool | None = None
+
+
+@workflow.defn(sandboxed=False)
+class BmaasLifeWorkflow:
+    """Create, wait running, delete, wait gone; answers the MACs, or the failure type."""
+
+    @workflow.run
+    async def run(self, req: CreateWorkerInstanceInput) -> LifeOutcome:
+        created = await workflow.execute_activity_method(
+            BmaasActivities.create_worker_instance, req, start_to_close_timeout=CALL, retry_policy=RETRY
+        )
+        ref = InstanceRef(bmi_id=created.instance.id)
+        try:
+            running = await workflow.execute_activity_method(
+                BmaasActivities.wait_instance_running,
+                ref,
+                start_to_close_timeout=WAIT,
+                heartbeat_timeout=HEARTBEAT,
+            )
+        except ActivityError as err:
+            assert isinstance(err.cause, ApplicationError)
+            return LifeOutcome(failure_type=err.cause.type, non_retryable=err.cause.non_retryable)
+        await workflow.execute_activity_method(
+            BmaasActivities.delete_instance, ref, start_to_close_timeout=CALL, retry_policy=RETRY
+        )
+        await workflow.execute_activity_method(
+            BmaasActivities.wait_instance_gone,
+            WaitInstanceGoneInput(bmi_id=ref.bmi_id),
+            start_to_close_timeout=WAIT,
+            heartbeat_timeout=HEARTBEAT,
+        )
+        return LifeOutcome(macs=running.macs)
+
+
+async def _run(harness: Harness, env: WorkflowEnvironment, req: CreateWorkerInstanceInput) -> LifeOutcome:
+    queue = f"bmaas-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        env.client,
+        task_queue=queue,
+        workflows=[BmaasLifeWorkflow],
+        activities=harness.acts.all(),
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        return await env.client.execute_workflow(
+            BmaasLifeWorkflow.run,
+            req,
+            id=f"bmaas-life-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=60),
+        )
+
+
+async def test_life_through_a_worker(harness: Harness, temporal_env: WorkflowEnvironment) -> None:
+    await harness.lab.timings(boot_s=0.5, wipe_s=0.3)
+    result = await _run(harness, temporal_env, harness.slot(0))
+    assert result.failure_type is None
+    assert len(result.macs) == 2
+    assert await harness.lab.list_bmis() == []
+
+
+async def test_typed_failure_through_a_worker(harness: Harness, temporal_env: WorkflowEnvironment) -> None:
+    await harness.lab.faults(no_free_hosts=True)
+    result = await _run(harness, temporal_env, harness.slot(0))
+    assert result.failure_type == BmaasErrorType.NO_HOSTS_AVAILABLE.value
+    assert result.non_retryable is True

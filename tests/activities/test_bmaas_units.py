@@ -1,0 +1,126 @@
+"""Pure parts of the BMaaS activities: error taxonomy, snapshots, token file, CEL quoting."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from activities.bmaas.client import TokenFile, cel_string
+from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
+from activities.bmaas.snapshot import BmiSnapshot, normalize_mac
+from contracts.bmaas import BmaasErrorType, BmiState, CreateWorkerInstanceInput
+from contracts.refs import OrderRef
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "expected", "non_retryable"),
+    [
+        (400, 3, BmaasErrorType.INVALID_ARGUMENT, True),
+        (400, 9, BmaasErrorType.FAILED_PRECONDITION, True),
+        (401, 16, BmaasErrorType.UNAUTHENTICATED, True),
+        (403, 7, BmaasErrorType.PERMISSION_DENIED, True),
+        (404, 5, BmaasErrorType.NOT_FOUND, True),
+        (409, 6, BmaasErrorType.ALREADY_EXISTS, True),
+        (409, 10, BmaasErrorType.CONFLICT, False),
+        (409, None, BmaasErrorType.CONFLICT, False),
+        (503, 14, BmaasErrorType.UNAVAILABLE, False),
+        (500, 13, BmaasErrorType.UNAVAILABLE, False),
+        (504, 4, BmaasErrorType.UNAVAILABLE, False),
+        (429, 8, BmaasErrorType.UNAVAILABLE, False),
+        (502, None, BmaasErrorType.UNAVAILABLE, False),
+        (501, 12, BmaasErrorType.UNIMPLEMENTED, True),
+    ],
+)
+def test_error_taxonomy(status: int, code: int | None, expected: BmaasErrorType, non_retryable: bool) -> None:
+    body = {"code": code, "message": "server says no", "details": []} if code is not None else None
+    err = error_from_response("GET /x", status, body)
+    assert err.error_type == expected
+    assert err.type == expected.value
+    assert err.non_retryable is non_retryable
+    if code is not None:
+        assert "server says no" in err.message
+
+
+def test_error_messages_are_redacted_and_bounded() -> None:
+    token = "tok-" + "s" * 40
+    err = error_from_response("POST /x", 400, {"code": 3, "message": f"bad {token} " + "x" * 2000}, [token])
+    assert token not in err.message
+    assert len(err.message) < 600
+    assert redact("abc", ["a"]) == "abc"  # too short to be a secret: left alone
+
+
+def test_transport_errors_retry() -> None:
+    err = transport_error("GET /x", TimeoutError())
+    assert err.type == BmaasErrorType.TRANSPORT.value and not err.non_retryable
+    assert "timed out" in err.message
+
+
+def test_normalize_mac() -> None:
+    assert normalize_mac("AA-BB-CC-DD-EE-0F") == "aa:bb:cc:dd:ee:0f"
+    assert normalize_mac("aabb.ccdd.ee0f") == "aa:bb:cc:dd:ee:0f"
+    assert normalize_mac("AABBCCDDEE0F") == "aa:bb:cc:dd:ee:0f"
+
+
+def test_snapshot_keeps_no_user_data() -> None:
+    obj = {
+        "id": "b1",
+        "metadata": {
+            "name": "o-worker-0",
+            "tenant": "system",
+            "labels": {"osac.openshift.io/cluster-order": "o"},
+        },
+        "spec": {"user_data": "SECRET-IGNITION", "instance_type": "bm-standard"},
+        "status": {
+            "state": "BARE_METAL_INSTANCE_STATE_RUNNING",
+            "hardware": {"nics": [{"mac": "AA:BB:CC:DD:EE:02"}, {"mac": "aa:bb:cc:dd:ee:01"}]},
+        },
+    }
+    snap = BmiSnapshot.from_api(obj)
+    assert snap.state == BmiState.RUNNING
+    assert snap.macs == ("aa:bb:cc:dd:ee:01", "aa:bb:cc:dd:ee:02")
+    assert snap.is_caas_worker and snap.order_name == "o"
+    assert "SECRET-IGNITION" not in repr(snap)
+    assert "SECRET-IGNITION" not in snap.worker_instance().model_dump_json()
+
+
+def test_unknown_state_reads_unspecified() -> None:
+    assert BmiState.parse("SOMETHING_NEW") == BmiState.UNSPECIFIED
+    assert BmiState.parse(None) == BmiState.UNSPECIFIED
+
+
+def test_token_file_rereads_on_change(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("first-token\n")
+    tokens = TokenFile(path)
+    assert tokens.get() == "first-token"
+    path.write_text("second-token-longer\n")
+    assert tokens.get() == "second-token-longer"
+    # Same size and an mtime forced back: only a forced reload sees it (the client does that on a 401).
+    stat = path.stat()
+    path.write_text("third-token-longer!\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert tokens.reload() == "third-token-longer!"
+
+
+def test_token_file_missing_is_retryable(tmp_path: Path) -> None:
+    with pytest.raises(BmaasApiError) as info:
+        TokenFile(tmp_path / "absent").get()
+    assert info.value.type == BmaasErrorType.TOKEN_UNAVAILABLE.value
+    assert not info.value.non_retryable
+
+
+def test_cel_string_escapes() -> None:
+    assert cel_string("a'b\\c") == "'a\\'b\\\\c'"
+
+
+def test_create_input_derives_names() -> None:
+    req = CreateWorkerInstanceInput(
+        order=OrderRef(namespace="ns", name="order1"),
+        slot_index=3,
+        instance_type="bm-standard",
+        disk_image_id="img",
+    )
+    assert req.bmi_name == "order1-worker-3"
+    assert req.ignition_ref == ("ns", "order1-infraenv")

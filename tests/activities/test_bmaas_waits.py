@@ -1,0 +1,189 @@
+"""The waiting activities and the shared watcher: running, gone, faults, cut streams, call counts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contracts.bmaas import BmiState, InstanceRef, WaitInstanceGoneInput, WaitProgress
+from tests.activities.conftest import Harness, wait_for
+
+
+def progress(harness: Harness) -> list[WaitProgress]:
+    return [d for d in harness.heartbeats if isinstance(d, WaitProgress)]
+
+
+async def test_wait_running_returns_every_mac(harness: Harness) -> None:
+    await harness.lab.timings(boot_s=0.5)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+
+    host = next(h for h in await harness.lab.hosts() if h["bmi_id"] == created.instance.id)
+    assert running.macs == sorted(nic["mac"] for nic in host["nics"])
+    assert len(running.macs) == 2  # management and fabric NICs: all of them, not just the first
+    assert all(mac == mac.lower() and mac.count(":") == 5 for mac in running.macs)
+    assert running.name == "order1-worker-0"
+    # It waited, heartbeating its state on the way.
+    assert any(p.state == BmiState.PROVISIONING for p in progress(harness))
+
+
+async def _calls_during_wait(harness: Harness, index: int, boot_s: float) -> tuple[int, int]:
+    await harness.lab.timings(boot_s=boot_s)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(index))
+    beats_before = len(harness.heartbeats)
+    before = await harness.lab.stats_total()
+    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    after = await harness.lab.stats_total()
+    return after - before, len(harness.heartbeats) - beats_before
+
+
+async def test_wait_calls_do_not_grow_with_boot_time(harness: Harness) -> None:
+    short_calls, _ = await _calls_during_wait(harness, 0, boot_s=0.05)
+    long_calls, long_beats = await _calls_during_wait(harness, 1, boot_s=3.0)
+    assert long_beats >= 5  # the long wait really lasted many heartbeat periods...
+    # ...yet cost at most the one seeding GET, like the short one: the stream did the waiting.
+    assert short_calls <= 1
+    assert long_calls <= 1
+    assert harness.watcher.stats.subscriptions == 1
+
+
+async def test_many_waiters_share_one_stream(harness: Harness) -> None:
+    await harness.lab.timings(boot_s=1.0)
+    created = [await harness.run(harness.acts.create_worker_instance, harness.slot(i)) for i in range(4)]
+    results = await asyncio.gather(
+        *(harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=c.instance.id)) for c in created)
+    )
+    assert {r.bmi_id for r in results} == {c.instance.id for c in created}
+    assert harness.transport.requests["GET /api/private/v1/events/watch"] == 1
+
+
+async def test_waits_survive_503s_and_latency(harness: Harness) -> None:
+    await harness.lab.timings(boot_s=0.3, wipe_s=0.3)
+    await harness.lab.faults(error_rate=0.3, latency_s=0.05, seed=7)
+    created = await harness.run_retrying(harness.acts.create_worker_instance, harness.slot(0))
+    ref = InstanceRef(bmi_id=created.instance.id)
+    running = await harness.run_retrying(harness.acts.wait_instance_running, ref)
+    assert len(running.macs) == 2
+    await harness.run_retrying(harness.acts.delete_instance, ref)
+    gone = await harness.run_retrying(
+        harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id)
+    )
+    assert gone.bmi_id == ref.bmi_id
+    await harness.lab.clear_faults()
+    assert await harness.lab.get_bmi(ref.bmi_id) is None
+    # One BMI, one host, whatever the retries.
+    allocations = await harness.lab.audit("HOST_ALLOCATED")
+    assert [a["bmi_name"] for a in allocations] == ["order1-worker-0"]
+
+
+async def test_watch_cut_relists_and_still_wakes(harness: Harness) -> None:
+    harness.watcher.poll_initial = 600.0  # no polling: only the re-list after reconnecting can tell
+    await harness.lab.timings(boot_s=1.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    wait = asyncio.create_task(
+        harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    )
+    await wait_for(lambda: _has_progress(harness), what="waiter heartbeating")
+    lists_before = harness.watcher.stats.lists
+
+    # Cut the stream and keep it down while the BMI becomes RUNNING.
+    await harness.lab.faults(routes={"/api/private/v1/events/watch": {"error_rate": 1.0}})
+    assert harness.transport.cut_watches() == 1
+    await wait_for(lambda: _stream_down(harness), what="stream down")
+    await wait_for(lambda: _twin_state(harness, created.instance.id, BmiState.RUNNING), what="BMI running")
+    assert not wait.done()  # missed the event: nothing can have told it yet
+
+    await harness.lab.clear_faults()
+    running = await asyncio.wait_for(wait, 20)
+    assert len(running.macs) == 2
+    assert harness.watcher.stats.lists > lists_before
+    assert harness.watcher.stats.disconnects >= 1
+
+
+async def test_polls_while_the_stream_is_down(harness: Harness) -> None:
+    await harness.lab.timings(boot_s=1.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    await harness.lab.faults(routes={"/api/private/v1/events/watch": {"error_rate": 1.0}})
+    harness.transport.cut_watches()
+    await wait_for(lambda: _stream_down(harness), what="stream down")
+
+    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    assert len(running.macs) == 2
+    assert not harness.watcher.streaming
+    assert harness.watcher.stats.polls >= 1
+    assert any(p.observed_via == "polling" for p in progress(harness))
+
+
+async def test_delete_is_idempotent(harness: Harness) -> None:
+    await harness.lab.timings(wipe_s=0.5)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    ref = InstanceRef(bmi_id=created.instance.id)
+    await harness.run(harness.acts.wait_instance_running, ref)
+    first = await harness.run(harness.acts.delete_instance, ref)
+    again = await harness.run(harness.acts.delete_instance, ref)  # while DELETING
+    assert not first.already_gone and not again.already_gone
+    await harness.run(harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id))
+    after = await harness.run(harness.acts.delete_instance, ref)
+    assert after.already_gone
+    assert (await harness.lab.get_bmi(ref.bmi_id)) is None
+
+
+async def test_wait_gone_reports_a_failed_wipe_and_keeps_waiting(harness: Harness) -> None:
+    await harness.lab.faults(wipe_failure_rate=1.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    ref = InstanceRef(bmi_id=created.instance.id)
+    await harness.run(harness.acts.wait_instance_running, ref)
+    await harness.run(harness.acts.delete_instance, ref)
+
+    env = harness.env()
+    wait = asyncio.create_task(
+        harness.run(harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id), env=env)
+    )
+    stuck = await wait_for(lambda: _stuck_beats(harness), what="stuck heartbeat")
+    assert stuck[-1].state == BmiState.DELETING
+    assert stuck[-1].deleting_since is not None
+    assert "HostSanitizationFailed" in (stuck[-1].stuck_reason or "")
+    # Several heartbeat periods later it is still waiting: stuck is never gone.
+    beats = len(harness.heartbeats)
+    await wait_for(lambda: _more_beats(harness, beats + 3), what="more heartbeats")
+    assert not wait.done()
+    assert (await harness.lab.get_bmi(ref.bmi_id)) is not None
+    env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await wait
+
+
+async def test_wait_gone_reports_a_slow_wipe_then_returns(harness: Harness) -> None:
+    await harness.lab.timings(wipe_s=2.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    ref = InstanceRef(bmi_id=created.instance.id)
+    await harness.run(harness.acts.wait_instance_running, ref)
+    await harness.run(harness.acts.delete_instance, ref)
+    gone = await harness.run(
+        harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id, stuck_after_seconds=0.3)
+    )
+    assert gone.was_stuck
+    assert any(p.stuck and "deleting for more than" in (p.stuck_reason or "") for p in progress(harness))
+    assert (await harness.lab.get_bmi(ref.bmi_id)) is None
+
+
+async def _has_progress(harness: Harness) -> bool:
+    return bool(progress(harness))
+
+
+async def _stream_down(harness: Harness) -> bool:
+    return not harness.watcher.streaming
+
+
+async def _twin_state(harness: Harness, bmi_id: str, state: BmiState) -> bool:
+    bmi = await harness.lab.get_bmi(bmi_id)
+    return bmi is not None and bmi["status"]["state"] == state.value
+
+
+async def _stuck_beats(harness: Harness) -> list[WaitProgress]:
+    return [p for p in progress(harness) if p.stuck]
+
+
+async def _more_beats(harness: Harness, count: int) -> bool:
+    return len(harness.heartbeats) >= count

@@ -1,0 +1,170 @@
+"""The worker process: builds each backend client once, registers workflows and activities, runs.
+
+Two Temporal workers share the process: one on the workflow task queue (workflows and the hub
+activities) and one on the BMaaS task queue, whose activity start rate is limited server-side so a
+burst of scale-ups cannot flood the fulfillment service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.assisted import AssistedActivities
+from activities.bmaas.activities import BmaasActivities
+from activities.bmaas.client import BmaasClient
+from activities.bmaas.watcher import BmiWatcher
+from activities.hub import HubActivities
+from activities.kube import HubKube
+from contracts.activities import BmaasActivity, HubActivity
+from worker.settings import Settings
+from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
+from workflows.worker_node import WorkerNodeWorkflow
+
+log = logging.getLogger("osac.worker")
+
+WORKFLOWS: Sequence[type] = (ClusterWorkersWorkflow, WorkerNodeWorkflow)
+
+
+class MissingSearchAttributes(RuntimeError):
+    pass
+
+
+@dataclass
+class Backends:
+    """Every external system, wrapped once per process."""
+
+    bmaas_client: BmaasClient
+    bmi_watcher: BmiWatcher
+    kube: HubKube
+    ignition_http: httpx.AsyncClient
+    bmaas: BmaasActivities
+    assisted: AssistedActivities
+    hub: HubActivities
+
+    def bmaas_activities(self) -> list[Any]:
+        return [getattr(self.bmaas, name.value) for name in BmaasActivity if hasattr(self.bmaas, name.value)]
+
+    def hub_activities(self) -> list[Any]:
+        found = []
+        for name in HubActivity:
+            owner = self.assisted if hasattr(self.assisted, name.value) else self.hub
+            found.append(getattr(owner, name.value))
+        return found
+
+    async def close(self) -> None:
+        await self.bmi_watcher.stop()
+        await self.bmaas_client.aclose()
+        await self.ignition_http.aclose()
+        await self.kube.close()
+
+
+@contextlib.asynccontextmanager
+async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
+    kube = HubKube.from_kubeconfig(
+        str(settings.kubeconfig) if settings.kubeconfig else None, max_workers=settings.blocking_threads
+    )
+    bmaas_client = BmaasClient(
+        settings.fulfillment_url,
+        settings.fulfillment_token_file,
+        ca_bundle=settings.fulfillment_ca_file,
+    )
+    watcher = BmiWatcher(bmaas_client)
+    watcher.start()
+    ignition_http = httpx.AsyncClient(timeout=30.0)
+    assisted = AssistedActivities(kube, ignition_http)
+    backends = Backends(
+        bmaas_client=bmaas_client,
+        bmi_watcher=watcher,
+        kube=kube,
+        ignition_http=ignition_http,
+        bmaas=BmaasActivities(bmaas_client, watcher, assisted),
+        assisted=assisted,
+        hub=HubActivities(kube),
+    )
+    try:
+        yield backends
+    finally:
+        await backends.close()
+
+
+def check_registered_activities(backends: Backends) -> None:
+    """Every activity a workflow calls must be registered, or workers would wait forever on it."""
+    bmaas = {fn.__temporal_activity_definition.name for fn in backends.bmaas_activities()}
+    missing = sorted(a.value for a in BmaasActivity if a.value not in bmaas)
+    if missing:
+        raise RuntimeError(f"activities not implemented: {', '.join(missing)}")
+
+
+async def check_search_attributes(client: Client) -> None:
+    """Fail fast with a clear message when the namespace lacks our search attributes."""
+    response = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    known = set(response.custom_attributes)
+    missing = sorted(key.name for key in ALL_SEARCH_ATTRIBUTES if key.name not in known)
+    if missing:
+        hint = " ".join(
+            f"--name {key.name} --type {key.indexed_value_type.name.title().replace('_', '')}"
+            for key in ALL_SEARCH_ATTRIBUTES
+            if key.name in missing
+        )
+        raise MissingSearchAttributes(
+            f"namespace {client.namespace!r} lacks the search attributes {', '.join(missing)}; register them"
+            f" with: temporal operator search-attribute create --namespace {client.namespace} {hint}"
+        )
+
+
+def build_workers(client: Client, settings: Settings, backends: Backends) -> list[Worker]:
+    shutdown = timedelta(seconds=settings.graceful_shutdown_seconds)
+    main = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=list(WORKFLOWS),
+        activities=backends.hub_activities(),
+        max_concurrent_activities=settings.max_concurrent_activities,
+        graceful_shutdown_timeout=shutdown,
+    )
+    bmaas = Worker(
+        client,
+        task_queue=settings.bmaas_task_queue,
+        activities=backends.bmaas_activities(),
+        max_concurrent_activities=settings.max_concurrent_activities,
+        max_task_queue_activities_per_second=settings.bmaas_activities_per_second,
+        graceful_shutdown_timeout=shutdown,
+    )
+    return [main, bmaas]
+
+
+async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) -> None:
+    """Run until `stop` is set, then shut down gracefully (in-flight activities get the timeout)."""
+    await check_search_attributes(client)
+    async with open_backends(settings) as backends:
+        check_registered_activities(backends)
+        workers = build_workers(client, settings, backends)
+        async with contextlib.AsyncExitStack() as stack:
+            for worker in workers:
+                await stack.enter_async_context(worker)
+            log.info(
+                "worker running on task queues %s and %s", settings.task_queue, settings.bmaas_task_queue
+            )
+            await stop.wait()
+            log.info("stopping: finishing in-flight work (up to %ss)", settings.graceful_shutdown_seconds)
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
