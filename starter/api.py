@@ -1,0 +1,152 @@
+"""The library API: typed calls over a Temporal client, for the controller, the CLI and any caller.
+
+Wire contract (what a Go caller needs; JSON Schemas of every payload are in `schemas/`):
+- workflow `ClusterWorkersWorkflow`, id `cluster-workers/<namespace>/<order>`, task queue
+  `osac-workers`; input `ClusterWorkersInput`.
+- update `set_node_sets(SetNodeSets) -> ClusterWorkersStatus` (sent with update-with-start,
+  conflict policy USE_EXISTING), update `decommission() -> ClusterWorkersStatus`,
+  signal `scale_down_worker(ScaleDownWorker)`, query `status() -> ClusterWorkersStatus`.
+- each worker: `WorkerNodeWorkflow`, id `worker/<namespace>/<order>/<order>-worker-<index>`,
+  query `status() -> WorkerStatus`, signal `scale_down()` (sent by the cluster workflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from contracts.refs import OrderRef
+from contracts.worker import TimingPolicy
+from contracts.workflows import (
+    BMAAS_TASK_QUEUE,
+    DEFAULT_MAX_WORKERS_PER_ORDER,
+    WORKFLOW_TASK_QUEUE,
+    ClusterWorkersInput,
+    ClusterWorkersStatus,
+    NodeSetRequest,
+    ScaleDownWorker,
+    SetNodeSets,
+    cluster_workflow_id,
+)
+from workflows.cluster_workers import ClusterWorkersWorkflow
+
+
+class CommandError(Exception):
+    """A command the workflow (or this API) refused; the message names the field and the reason."""
+
+
+class OrderNotFound(CommandError):
+    pass
+
+
+def _rejection(err: WorkflowUpdateFailedError) -> CommandError:
+    cause = err.cause
+    message = getattr(cause, "message", None) or str(cause or err)
+    return CommandError(message)
+
+
+class WorkersApi:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        task_queue: str = WORKFLOW_TASK_QUEUE,
+        bmaas_task_queue: str = BMAAS_TASK_QUEUE,
+        policy: TimingPolicy | None = None,
+        max_workers_per_order: int = DEFAULT_MAX_WORKERS_PER_ORDER,
+    ) -> None:
+        self.client = client
+        self.task_queue = task_queue
+        self.bmaas_task_queue = bmaas_task_queue
+        self.policy = policy or TimingPolicy()
+        self.max_workers_per_order = max_workers_per_order
+
+    def handle(self, order: OrderRef) -> WorkflowHandle[ClusterWorkersWorkflow, ClusterWorkersStatus]:
+        return self.client.get_workflow_handle_for(ClusterWorkersWorkflow.run, cluster_workflow_id(order))
+
+    async def apply(
+        self, order: OrderRef, node_sets: Sequence[NodeSetRequest], instance_types: Sequence[str] = ()
+    ) -> ClusterWorkersStatus:
+        """Ensure the order's workflow runs and set its node sets, in one call (idempotent)."""
+        start = WithStartWorkflowOperation(
+            ClusterWorkersWorkflow.run,
+            ClusterWorkersInput(
+                order=order,
+                instance_types=sorted(instance_types),
+                max_workers_per_order=self.max_workers_per_order,
+                policy=self.policy,
+                bmaas_task_queue=self.bmaas_task_queue,
+            ),
+            id=cluster_workflow_id(order),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"Bare-metal workers of ClusterOrder {order.key}",
+            static_details=f"Order: {order.key}\nInfraEnv: {order.namespace}/{order.infraenv_name}",
+        )
+        try:
+            return await self.client.execute_update_with_start_workflow(
+                ClusterWorkersWorkflow.set_node_sets,
+                SetNodeSets(node_sets=list(node_sets)),
+                start_workflow_operation=start,
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _rejection(err) from err
+
+    async def status(self, order: OrderRef) -> ClusterWorkersStatus:
+        try:
+            return await self.handle(order).query(ClusterWorkersWorkflow.status)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
+            raise
+
+    async def scale(self, order: OrderRef, node_set: str, count: int) -> ClusterWorkersStatus:
+        """Set one node set's count, keeping the others as they are."""
+        current = await self.status(order)
+        sets = {n.name: n for n in current.node_sets}
+        if node_set not in sets:
+            known = ", ".join(sorted(sets)) or "none"
+            raise CommandError(f"node_set: order {order.key} has no node set {node_set!r} (known: {known})")
+        sets[node_set] = sets[node_set].model_copy(update={"count": count})
+        try:
+            return await self.handle(order).execute_update(
+                ClusterWorkersWorkflow.set_node_sets, SetNodeSets(node_sets=list(sets.values()))
+            )
+        except WorkflowUpdateFailedError as err:
+            raise _rejection(err) from err
+
+    async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
+        """Release one named worker; returns its node set with the lowered count."""
+        current = await self.status(order)
+        if current.decommissioning:
+            raise CommandError(f"worker: order {order.key} is being decommissioned")
+        found = next((w for w in current.workers if w.name == worker), None)
+        if found is None:
+            known = ", ".join(w.name for w in current.workers) or "none"
+            raise CommandError(f"worker: order {order.key} has no worker {worker!r} (workers: {known})")
+        node_set = next(n for n in current.node_sets if n.name == found.node_set)
+        request = ScaleDownWorker(name=worker)
+        await self.handle(order).signal(ClusterWorkersWorkflow.scale_down_worker, request)
+        return node_set.model_copy(update={"count": max(node_set.count - 1, 0)})
+
+    async def decommission(self, order: OrderRef) -> ClusterWorkersStatus:
+        try:
+            return await self.handle(order).execute_update(ClusterWorkersWorkflow.decommission)
+        except WorkflowUpdateFailedError as err:
+            raise _rejection(err) from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
+            raise
+
+    async def wait_finished(self, order: OrderRef) -> ClusterWorkersStatus:
+        """Block until decommission completed: every BMI gone and the InfraEnv deleted."""
+        return await self.handle(order).result()
