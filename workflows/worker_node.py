@@ -8,12 +8,14 @@ again; it never gives up on its own. Deterministic: no I/O, `workflow.now()`, sa
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from collections.abc import Awaitable
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
@@ -200,18 +202,19 @@ class WorkerNodeWorkflow:
             self._set_phase(WorkerPhase.WAITING_FOR_AGENT)
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
-            deadline = workflow.now() + self._policy().agent_registration_timeout
+            timeout = self._policy().agent_registration_timeout
             agent = await self._hub(
                 HubActivity.WAIT_AGENT_FOR_MACS,
                 WaitAgentInput(
                     infraenv=InfraEnvRef.for_order(slot.order),
                     order=slot.order,
                     macs=progress.macs,
-                    deadline=deadline,
+                    deadline=self._backstop(timeout),
                 ),
                 AgentRef,
                 summary=f"Wait for the discovery agent of {slot.name} to register",
                 wait=True,
+                give_up_after=(timeout, FailureReason.AGENT_REGISTRATION_TIMEOUT),
             )
             progress.agent_name = agent.name
             self._set_phase(WorkerPhase.BINDING)
@@ -228,14 +231,14 @@ class WorkerNodeWorkflow:
             )
             progress.agent_handed = True
             await self._sync_replicas()
+            timeout = self._policy().agent_install_timeout
             await self._hub(
                 HubActivity.WAIT_AGENT_INSTALLED,
-                WaitAgentInstalledInput(
-                    agent=agent, deadline=workflow.now() + self._policy().agent_install_timeout
-                ),
+                WaitAgentInstalledInput(agent=agent, deadline=self._backstop(timeout)),
                 None,
                 summary=f"Wait until {slot.name} is claimed, installed and joined",
                 wait=True,
+                give_up_after=(timeout, FailureReason.AGENT_INSTALL_FAILED),
             )
             progress.failures_in_a_row = 0
             progress.ready_since = workflow.now()
@@ -342,15 +345,15 @@ class WorkerNodeWorkflow:
     async def _wait_unbound(self, agent: AgentRef) -> None:
         progress, slot = self._state()
         while True:
+            timeout = self._policy().agent_unbinding_timeout
             try:
                 await self._hub(
                     HubActivity.WAIT_AGENT_UNBOUND,
-                    WaitAgentUnboundInput(
-                        agent=agent, deadline=workflow.now() + self._policy().agent_unbinding_timeout
-                    ),
+                    WaitAgentUnboundInput(agent=agent, deadline=self._backstop(timeout)),
                     None,
                     summary=f"Wait until {slot.name} is drained and unbound",
                     wait=True,
+                    give_up_after=(timeout, FailureReason.AGENT_UNBINDING_TIMEOUT),
                 )
                 return
             except AttemptFailed as failure:
@@ -466,8 +469,33 @@ class WorkerNodeWorkflow:
         *,
         summary: str,
         wait: bool = False,
+        give_up_after: tuple[timedelta, FailureReason] | None = None,
     ) -> T:
-        return await self._call(name.value, arg, result_type, summary=summary, wait=wait, task_queue=None)
+        call = self._call(name.value, arg, result_type, summary=summary, wait=wait, task_queue=None)
+        if give_up_after is None:
+            return await call
+        return await self._timed(call, *give_up_after)
+
+    async def _timed(self, call: Awaitable[T], limit: timedelta, reason: FailureReason) -> T:
+        """Race a wait against a durable workflow timer, so the policy's timeouts survive restarts
+        and can be proven with time skipping; the loser is cancelled."""
+        task = asyncio.ensure_future(call)
+        try:
+            await workflow.wait_condition(task.done, timeout=limit)
+        except TimeoutError:
+            task.cancel()
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # retrieved: the outcome of a loser does not matter
+            raise AttemptFailed(reason, f"no progress within {limit}") from None
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        return await task
+
+    def _backstop(self, limit: timedelta) -> datetime:
+        """The activity's own deadline: later than the workflow's timer, which normally decides."""
+        return workflow.now() + limit + timedelta(minutes=5)
 
     async def _call(
         self,
@@ -489,6 +517,7 @@ class WorkerNodeWorkflow:
                     start_to_close_timeout=timedelta(days=365),
                     heartbeat_timeout=WAIT_HEARTBEAT,
                     retry_policy=WAIT_RETRY,
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     summary=summary,
                 )
             else:
@@ -499,8 +528,13 @@ class WorkerNodeWorkflow:
                     task_queue=task_queue,
                     start_to_close_timeout=CALL_TIMEOUT,
                     retry_policy=CALL_RETRY,
+                    # A cancelled create must have finished before teardown looks for what it made.
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                     summary=summary,
                 )
         except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.
+                raise asyncio.CancelledError() from err
             raise _failure_of(err) from err
         return result

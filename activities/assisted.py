@@ -1,0 +1,897 @@
+"""Assisted Installer activities: the order's InfraEnv and pull-secret Secret, the discovery
+ignition (the BMaaS activities' `IgnitionSource`), and the Agent's path from registration through
+MAC correlation, hand-off to its NodePool, install, unbinding and deletion.
+
+Binding goes through the HyperShift agent provider: an Agent is approved and labelled the way its
+NodePool selects, the NodePool's replicas are raised (activities.hub), and the provider claims it.
+Nothing here ever sets `spec.clusterDeploymentName`: an Agent bound that way is never claimed.
+
+Secrets by reference: the pull secret is read from the ClusterOrder inside `ensure_infraenv`, the
+ignition (and its URL, which carries a token) inside `discovery_ignition`; neither appears in an
+input, result, heartbeat, log line or error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.hub import (
+    error,
+    heartbeat,
+    nodepool_selector,
+    read_order_object,
+    tick_seconds,
+    write_order_event,
+)
+from activities.kube import (
+    AGENTS,
+    CLUSTER_ORDERS,
+    INFRA_ENVS,
+    NODE_POOLS,
+    SECRETS,
+    HubAlreadyExists,
+    HubConflict,
+    HubKube,
+    HubNotFound,
+    Informer,
+    KubeObject,
+    WaitTimedOut,
+    condition,
+    condition_true,
+    dig,
+    labels_of,
+    meta,
+)
+from contracts.activities import HubActivity
+from contracts.hub import (
+    AGENT_INSTALL_FAILED_STATES,
+    AGENT_MACHINE_REF_LABEL,
+    IGNITION_LIMIT_BYTES,
+    IGNITION_WARN_BYTES,
+    INFRAENV_LABEL,
+    ORDER_LABEL,
+    PULL_SECRET_KEY,
+    REMOVING_LABEL,
+    WORKER_LABEL,
+    AgentInstalled,
+    AgentMatchProgress,
+    AgentProgress,
+    AgentRef,
+    AgentState,
+    AgentUnbound,
+    DeleteInfraEnvResult,
+    DeleteResult,
+    EnsureInfraEnvResult,
+    EventReason,
+    EventType,
+    HandAgentInput,
+    HandAgentResult,
+    HubErrorType,
+    InfraEnvProgress,
+    InfraEnvReady,
+    InfraEnvRef,
+    MarkRemovingResult,
+    NodePoolRef,
+    WaitAgentInput,
+    WaitAgentInstalledInput,
+    WaitAgentUnboundInput,
+    normalize_mac,
+)
+from contracts.refs import OrderRef
+
+T = TypeVar("T")
+
+DOCKERCONFIG_SECRET_TYPE = "kubernetes.io/dockerconfigjson"
+WORKER_ANNOTATION = "osac.openshift.io/worker"
+MAX_ADOPT_ATTEMPTS = 5
+INVENTORY_GRACE = timedelta(minutes=2)
+
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+
+
+def redact(text: object, limit: int = 300) -> str | None:
+    """Condition text for heartbeats: URLs (which may carry tokens) removed, length bounded."""
+    if text is None:
+        return None
+    return _URL.sub("<url>", str(text))[:limit]
+
+
+def label_value(value: str) -> str:
+    """A label value (at most 63 characters); longer slot names keep a stable hashed suffix."""
+    if len(value) <= 63:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{value[:54].rstrip('-_.')}-{digest}"
+
+
+def agent_macs(agent: KubeObject) -> set[str]:
+    """Every interface's MAC, normalised (a bond may report any NIC's MAC)."""
+    macs: set[str] = set()
+    for interface in dig(agent, "status", "inventory", "interfaces") or []:
+        mac = interface.get("macAddress") if isinstance(interface, dict) else None
+        if isinstance(mac, str):
+            try:
+                macs.add(normalize_mac(mac))
+            except ValueError:
+                continue
+    return macs
+
+
+def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
+    """Registered moments ago and not reporting its interfaces yet (assisted-service writes the
+    inventory right after creating the Agent). Older inventory-less Agents are not waited for."""
+    created = meta(agent).get("creationTimestamp")
+    if not isinstance(created, str):
+        return False
+    try:
+        at = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return (now or datetime.now(UTC)) - at < INVENTORY_GRACE
+
+
+def agent_state(agent: KubeObject) -> str | None:
+    state = dig(agent, "status", "debugInfo", "state")
+    return str(state) if state else None
+
+
+def agent_claimed(agent: KubeObject) -> bool:
+    """Claimed by the provider: labelled with its AgentMachine, or bound to a cluster."""
+    return (
+        AGENT_MACHINE_REF_LABEL in labels_of(agent)
+        or bool(dig(agent, "spec", "clusterDeploymentName", "name"))
+        or condition_true(agent, "Bound")
+    )
+
+
+def agent_progress(
+    ref: AgentRef, agent: KubeObject | None, informer: Informer | None = None
+) -> AgentProgress:
+    via = informer.observed_via if informer is not None else "read"
+    if agent is None:
+        return AgentProgress(agent=ref.name, found=False, observed_via=via)
+    return AgentProgress(
+        agent=ref.name,
+        state=agent_state(agent),
+        stage=dig(agent, "status", "progress", "currentStage"),
+        claimed=AGENT_MACHINE_REF_LABEL in labels_of(agent),
+        bound=condition_true(agent, "Bound"),
+        installed=condition_true(agent, "Installed"),
+        observed_via=via,
+    )
+
+
+def owner_reference(order: KubeObject, *, controller: bool = True) -> dict[str, Any]:
+    m = meta(order)
+    return {
+        "apiVersion": CLUSTER_ORDERS.api_version,
+        "kind": CLUSTER_ORDERS.kind,
+        "name": m.get("name"),
+        "uid": m.get("uid"),
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _owner_refs_with(existing: KubeObject, order: KubeObject) -> list[dict[str, Any]] | None:
+    """The object's ownerReferences with this order as controller; None if already so.
+
+    References to an earlier ClusterOrder of the same name (another uid) are replaced: adopting."""
+    refs = [r for r in meta(existing).get("ownerReferences") or [] if isinstance(r, dict)]
+    uid = meta(order).get("uid")
+    ours = [r for r in refs if r.get("uid") == uid]
+    others = [r for r in refs if r.get("uid") != uid and r.get("kind") != CLUSTER_ORDERS.kind]
+    other_controller = any(r.get("controller") for r in others)
+    wanted = owner_reference(order, controller=not other_controller)
+    if (
+        len(ours) == 1
+        and len(others) == len(refs) - 1
+        and all(ours[0].get(k) == v for k, v in wanted.items())
+    ):
+        return None
+    return [*others, wanted]
+
+
+class AssistedActivities:
+    """InfraEnv and Agent activities, and the discovery-ignition source for the BMaaS activities.
+
+    `http` fetches the discovery ignition from assisted-service's image service (its TLS settings
+    are the worker's business). `default_pull_secret` names a Secret (namespace, name) whose
+    `.dockerconfigjson` is used when an order has no `spec.pullSecret`.
+    """
+
+    def __init__(
+        self,
+        kube: HubKube,
+        http: httpx.AsyncClient,
+        *,
+        heartbeat_every: float = 10.0,
+        default_pull_secret: tuple[str, str] | None = None,
+        ignition_warn_bytes: int = IGNITION_WARN_BYTES,
+        ignition_limit_bytes: int = IGNITION_LIMIT_BYTES,
+        ignition_timeout: float = 30.0,
+    ) -> None:
+        self._kube = kube
+        self._http = http
+        self._heartbeat_every = heartbeat_every
+        self._default_pull_secret = default_pull_secret
+        self._warn_bytes = ignition_warn_bytes
+        self._limit_bytes = ignition_limit_bytes
+        self._ignition_timeout = ignition_timeout
+
+    # -- InfraEnv ---------------------------------------------------------------------------
+
+    @activity.defn(name=HubActivity.ENSURE_INFRAENV.value)
+    async def ensure_infraenv(self, order: OrderRef) -> EnsureInfraEnvResult:
+        """Ensure the pull-secret Secret and the late-binding InfraEnv, owned by the order."""
+        obj = await read_order_object(self._kube, order)
+        ref = InfraEnvRef.for_order(order)
+        pull_secret = dig(obj, "spec", "pullSecret")
+        if not isinstance(pull_secret, str) or not pull_secret:
+            pull_secret = await self._read_default_pull_secret()
+        if not pull_secret:
+            raise error(
+                f"ClusterOrder {order.key} has no pull secret and no default is configured",
+                HubErrorType.PULL_SECRET_MISSING,
+                non_retryable=True,
+                namespace=order.namespace,
+                name=order.name,
+            )
+        secret_data = base64.b64encode(pull_secret.encode()).decode()
+        del pull_secret
+        secret_created, secret_updated = await self._ensure_secret(ref, obj, secret_data)
+        ssh_key = dig(obj, "spec", "sshPublicKey")
+        created, updated = await self._ensure_infraenv(
+            ref, obj, ssh_key if isinstance(ssh_key, str) else None
+        )
+        if created:
+            activity.logger.info("created InfraEnv %s/%s", ref.namespace, ref.name)
+        return EnsureInfraEnvResult(
+            infraenv=ref, created=created, secret_created=secret_created, updated=updated or secret_updated
+        )
+
+    async def _read_default_pull_secret(self) -> str | None:
+        if self._default_pull_secret is None:
+            return None
+        namespace, name = self._default_pull_secret
+        secret = await self._kube.get_optional(SECRETS, namespace, name)
+        encoded = dig(secret or {}, "data", PULL_SECRET_KEY)
+        if not isinstance(encoded, str):
+            return None
+        try:
+            return base64.b64decode(encoded).decode()
+        except ValueError:
+            return None
+
+    async def _ensure_secret(self, ref: InfraEnvRef, order: KubeObject, data: str) -> tuple[bool, bool]:
+        """(created, updated). Secret bodies never reach a log or an error (HubKube omits them)."""
+        namespace, name = ref.namespace, ref.pull_secret_name
+        labels = {ORDER_LABEL: ref.order.name}
+        for _ in range(MAX_ADOPT_ATTEMPTS):
+            body = {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": labels,
+                    "ownerReferences": [owner_reference(order)],
+                },
+                "type": DOCKERCONFIG_SECRET_TYPE,
+                "data": {PULL_SECRET_KEY: data},
+            }
+            try:
+                await self._kube.create(SECRETS, namespace, body)
+                return True, False
+            except HubAlreadyExists:
+                pass
+            existing = await self._kube.get_optional(SECRETS, namespace, name)
+            if existing is None:
+                continue  # deleted in between: create again
+            self._refuse_deleting(existing, "Secret", namespace, name)
+            if existing.get("type") != DOCKERCONFIG_SECRET_TYPE:
+                # The type is immutable: replace the object (conditionally on its uid).
+                await self._kube.delete(SECRETS, namespace, name, uid=meta(existing).get("uid"))
+                continue
+            patch: dict[str, Any] = {}
+            if dig(existing, "data", PULL_SECRET_KEY) != data:
+                patch["data"] = {PULL_SECRET_KEY: data}
+            metadata = self._metadata_drift(existing, order, labels)
+            if metadata:
+                patch["metadata"] = metadata
+            if not patch:
+                return False, False
+            patch.setdefault("metadata", {})["resourceVersion"] = meta(existing).get("resourceVersion")
+            try:
+                await self._kube.patch(SECRETS, namespace, name, patch)
+            except (HubConflict, HubNotFound):
+                continue
+            return False, True
+        raise self._adopt_conflict("Secret", namespace, name)
+
+    async def _ensure_infraenv(
+        self, ref: InfraEnvRef, order: KubeObject, ssh_key: str | None
+    ) -> tuple[bool, bool]:
+        namespace, name = ref.namespace, ref.name
+        labels = {ORDER_LABEL: ref.order.name}
+        spec: dict[str, Any] = {
+            "pullSecretRef": {"name": ref.pull_secret_name},
+            "agentLabels": {ORDER_LABEL: ref.order.name},
+        }
+        if ssh_key:
+            spec["sshAuthorizedKey"] = ssh_key
+        for _ in range(MAX_ADOPT_ATTEMPTS):
+            body = {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": labels,
+                    "ownerReferences": [owner_reference(order)],
+                },
+                "spec": spec,
+            }
+            try:
+                await self._kube.create(INFRA_ENVS, namespace, body)
+                return True, False
+            except HubAlreadyExists:
+                pass
+            existing = await self._kube.get_optional(INFRA_ENVS, namespace, name)
+            if existing is None:
+                continue
+            self._refuse_deleting(existing, "InfraEnv", namespace, name)
+            current = existing.get("spec") if isinstance(existing.get("spec"), dict) else {}
+            assert isinstance(current, dict)
+            spec_patch: dict[str, Any] = {}
+            if dig(current, "pullSecretRef", "name") != ref.pull_secret_name:
+                spec_patch["pullSecretRef"] = spec["pullSecretRef"]
+            agent_labels = current.get("agentLabels") if isinstance(current.get("agentLabels"), dict) else {}
+            assert isinstance(agent_labels, dict)
+            if agent_labels.get(ORDER_LABEL) != ref.order.name:
+                spec_patch["agentLabels"] = {ORDER_LABEL: ref.order.name}
+            if (current.get("sshAuthorizedKey") or None) != (ssh_key or None):
+                spec_patch["sshAuthorizedKey"] = ssh_key
+            if current.get("clusterRef"):
+                spec_patch["clusterRef"] = None  # late binding: the InfraEnv serves no one cluster
+            patch: dict[str, Any] = {}
+            if spec_patch:
+                patch["spec"] = spec_patch
+            metadata = self._metadata_drift(existing, order, labels)
+            if metadata:
+                patch["metadata"] = metadata
+            if not patch:
+                return False, False
+            patch.setdefault("metadata", {})["resourceVersion"] = meta(existing).get("resourceVersion")
+            try:
+                await self._kube.patch(INFRA_ENVS, namespace, name, patch)
+            except (HubConflict, HubNotFound):
+                continue
+            activity.logger.info("InfraEnv %s/%s patched back to the order's settings", namespace, name)
+            return False, True
+        raise self._adopt_conflict("InfraEnv", namespace, name)
+
+    @staticmethod
+    def _metadata_drift(existing: KubeObject, order: KubeObject, labels: dict[str, str]) -> dict[str, Any]:
+        patch: dict[str, Any] = {}
+        current = labels_of(existing)
+        if any(current.get(k) != v for k, v in labels.items()):
+            patch["labels"] = labels
+        owners = _owner_refs_with(existing, order)
+        if owners is not None:
+            patch["ownerReferences"] = owners
+        return patch
+
+    @staticmethod
+    def _refuse_deleting(existing: KubeObject, kind: str, namespace: str, name: str) -> None:
+        if meta(existing).get("deletionTimestamp"):
+            # Retryable: once the old object is gone, a retry creates a fresh one.
+            raise error(
+                f"{kind} {namespace}/{name} is being deleted",
+                HubErrorType.OBJECT_DELETING,
+                non_retryable=False,
+                kind=kind,
+                namespace=namespace,
+                name=name,
+            )
+
+    @staticmethod
+    def _adopt_conflict(kind: str, namespace: str, name: str) -> ApplicationError:
+        return error(
+            f"{kind} {namespace}/{name} kept changing while being adopted",
+            HubErrorType.CONFLICT,
+            non_retryable=False,
+            kind=kind,
+            namespace=namespace,
+            name=name,
+        )
+
+    @activity.defn(name=HubActivity.WAIT_INFRAENV_READY.value)
+    async def wait_infraenv_ready(self, ref: InfraEnvRef) -> InfraEnvReady:
+        """Heartbeats until the discovery ignition URL is published (ImageCreated visible meanwhile)."""
+        informer = self._kube.informer(INFRA_ENVS)
+
+        def evaluate(obj: KubeObject | None) -> InfraEnvReady | None:
+            if obj is None or not dig(obj, "status", "bootArtifacts", "discoveryIgnitionURL"):
+                return None
+            return InfraEnvReady(infraenv=ref, image_created=condition_true(obj, "ImageCreated"))
+
+        def on_tick(obj: KubeObject | None) -> None:
+            image = condition(obj, "ImageCreated") if obj is not None else None
+            heartbeat(
+                InfraEnvProgress(
+                    infraenv=ref.name,
+                    found=obj is not None,
+                    ignition_url_set=bool(
+                        obj and dig(obj, "status", "bootArtifacts", "discoveryIgnitionURL")
+                    ),
+                    image_created_status=(image or {}).get("status"),
+                    image_created_reason=redact((image or {}).get("reason"), 100),
+                    image_created_message=redact((image or {}).get("message")),
+                    observed_via=informer.observed_via,
+                )
+            )
+
+        return await self._kube.wait_object(
+            INFRA_ENVS,
+            ref.namespace,
+            ref.name,
+            evaluate,
+            on_tick=on_tick,
+            tick_seconds=tick_seconds(self._heartbeat_every),
+        )
+
+    @activity.defn(name=HubActivity.DELETE_INFRAENV.value)
+    async def delete_infraenv(self, ref: InfraEnvRef) -> DeleteInfraEnvResult:
+        """Delete the InfraEnv and its pull-secret Secret; NotFound counts as success."""
+        infraenv_deleted = await self._kube.delete(INFRA_ENVS, ref.namespace, ref.name)
+        secret_deleted = await self._kube.delete(SECRETS, ref.namespace, ref.pull_secret_name)
+        return DeleteInfraEnvResult(
+            infraenv_already_gone=not infraenv_deleted, secret_already_gone=not secret_deleted
+        )
+
+    # -- the IgnitionSource of the BMaaS activities -----------------------------------------
+
+    async def discovery_ignition(self, namespace: str, infraenv_name: str) -> str:
+        """The InfraEnv's discovery ignition, fetched from its (tokened) URL. Never logged.
+
+        Above the warning size a DiscoveryIgnitionSizeWarning Event goes to the ClusterOrder;
+        above the limit (the BMI user_data maximum) non-retryable DiscoveryIgnitionTooLarge."""
+        try:
+            infraenv = await self._kube.get(INFRA_ENVS, namespace, infraenv_name)
+        except HubNotFound:
+            raise error(
+                f"InfraEnv {namespace}/{infraenv_name} not found",
+                HubErrorType.INFRAENV_NOT_READY,
+                non_retryable=False,
+                namespace=namespace,
+                name=infraenv_name,
+            ) from None
+        url = dig(infraenv, "status", "bootArtifacts", "discoveryIgnitionURL")
+        if not isinstance(url, str) or not url:
+            raise error(
+                f"InfraEnv {namespace}/{infraenv_name} has no discovery ignition yet",
+                HubErrorType.INFRAENV_NOT_READY,
+                non_retryable=False,
+                namespace=namespace,
+                name=infraenv_name,
+            )
+        content, size, complete = await self._fetch_ignition(url, namespace, infraenv_name)
+        del url
+        if size > self._warn_bytes:
+            await self._size_warning(infraenv, size, complete)
+        if size > self._limit_bytes:
+            shown = f"{size}" if complete else f"more than {self._limit_bytes}"
+            raise error(
+                f"discovery ignition of InfraEnv {namespace}/{infraenv_name} is {shown} bytes, "
+                f"above the {self._limit_bytes}-byte user data limit",
+                HubErrorType.IGNITION_TOO_LARGE,
+                non_retryable=True,
+                namespace=namespace,
+                name=infraenv_name,
+                size_bytes=size,
+                size_exact=complete,
+                limit_bytes=self._limit_bytes,
+            )
+        try:
+            text = content.decode("utf-8")
+            document = json.loads(text)
+        except ValueError:
+            document = None
+        if not isinstance(document, dict) or not isinstance(document.get("ignition"), dict):
+            raise error(
+                f"discovery ignition of InfraEnv {namespace}/{infraenv_name} is not an Ignition document",
+                HubErrorType.IGNITION_INVALID,
+                non_retryable=True,
+                namespace=namespace,
+                name=infraenv_name,
+                size_bytes=size,
+            )
+        return text
+
+    async def _fetch_ignition(self, url: str, namespace: str, name: str) -> tuple[bytes, int, bool]:
+        """(content up to the limit + 1, size, whether the size is exact). Errors carry no URL."""
+        cap = self._limit_bytes + 1
+        try:
+            async with self._http.stream("GET", url, timeout=self._ignition_timeout) as response:
+                if response.status_code != 200:
+                    raise error(
+                        f"fetching the discovery ignition of InfraEnv {namespace}/{name}: "
+                        f"HTTP {response.status_code}",
+                        HubErrorType.IGNITION_FETCH_FAILED,
+                        non_retryable=False,
+                        namespace=namespace,
+                        name=name,
+                        code=response.status_code,
+                    )
+                declared = response.headers.get("content-length")
+                buffer = bytearray()
+                async for chunk in response.aiter_bytes():
+                    buffer.extend(chunk)
+                    if len(buffer) >= cap:
+                        break  # enough to refuse; do not pull an unbounded body into memory
+        except httpx.HTTPError as exc:
+            raise error(
+                f"fetching the discovery ignition of InfraEnv {namespace}/{name}: {type(exc).__name__}",
+                HubErrorType.IGNITION_FETCH_FAILED,
+                non_retryable=False,
+                namespace=namespace,
+                name=name,
+            ) from None
+        if len(buffer) < cap:
+            return bytes(buffer), len(buffer), True
+        if declared and declared.isdigit():
+            return bytes(buffer), int(declared), True
+        return bytes(buffer), len(buffer), False
+
+    async def _size_warning(self, infraenv: KubeObject, size: int, exact: bool) -> None:
+        """Best effort: a failed Event write must not fail the BMI creation."""
+        m = meta(infraenv)
+        namespace = str(m.get("namespace"))
+        owner = next(
+            (
+                r
+                for r in m.get("ownerReferences") or []
+                if isinstance(r, dict) and r.get("kind") == CLUSTER_ORDERS.kind
+            ),
+            None,
+        )
+        order_name = (owner or {}).get("name") or labels_of(infraenv).get(ORDER_LABEL)
+        if not order_name:
+            return
+        involved = {
+            "apiVersion": CLUSTER_ORDERS.api_version,
+            "kind": CLUSTER_ORDERS.kind,
+            "name": order_name,
+            "namespace": namespace,
+            "uid": (owner or {}).get("uid"),
+        }
+        shown = f"{size} bytes" if exact else f"more than {self._limit_bytes} bytes"
+        message = (
+            f"The discovery ignition is {shown}, above the {self._warn_bytes}-byte warning threshold "
+            f"(bare-metal user data is limited to {self._limit_bytes} bytes)."
+        )
+        try:
+            await write_order_event(
+                self._kube,
+                involved,
+                EventReason.DISCOVERY_IGNITION_SIZE_WARNING,
+                message,
+                EventType.WARNING,
+                key=f"{m.get('name')}/{m.get('uid')}/{size}",
+            )
+        except Exception as exc:
+            activity.logger.warning("could not write the ignition size warning Event: %s", type(exc).__name__)
+
+    # -- Agents -----------------------------------------------------------------------------
+
+    @activity.defn(name=HubActivity.WAIT_AGENT_FOR_MACS.value)
+    async def wait_agent_for_macs(self, input: WaitAgentInput) -> AgentRef:
+        """The one Agent of the InfraEnv reporting one of the BMI's MACs on any interface.
+
+        Two or more: non-retryable AmbiguousAgentMatch (never bound; names in the error details).
+        Past the deadline: non-retryable AgentRegistrationTimeout."""
+        namespace, infraenv = input.infraenv.namespace, input.infraenv.name
+        wanted = set(input.macs)
+        informer = self._kube.informer(AGENTS)
+
+        def candidates(agents: list[KubeObject]) -> list[KubeObject]:
+            found = []
+            for agent in agents:
+                labels = labels_of(agent)
+                if labels.get(INFRAENV_LABEL) != infraenv or meta(agent).get("deletionTimestamp"):
+                    continue
+                if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
+                    continue  # an Agent of another order must never be taken
+                found.append(agent)
+            return found
+
+        def decide(agents: list[KubeObject]) -> AgentRef | None:
+            matching = sorted(
+                (a for a in candidates(agents) if agent_macs(a) & wanted),
+                key=lambda a: str(meta(a).get("name")),
+            )
+            if len(matching) > 1:
+                names = [str(meta(a).get("name")) for a in matching]
+                raise error(
+                    f"{len(matching)} Agents of InfraEnv {namespace}/{infraenv} match the host's MACs",
+                    HubErrorType.AMBIGUOUS_AGENT_MATCH,
+                    non_retryable=True,
+                    namespace=namespace,
+                    infraenv=infraenv,
+                    agents=names,
+                )
+            if not matching:
+                return None
+            if any(awaiting_inventory(a) for a in candidates(agents) if not agent_macs(a)):
+                return None  # an Agent whose MACs are not known yet could be a duplicate: wait
+            return AgentRef(namespace=namespace, name=str(meta(matching[0]).get("name")))
+
+        def on_tick() -> None:
+            agents = candidates(informer.items(namespace))
+            heartbeat(
+                AgentMatchProgress(
+                    infraenv=infraenv,
+                    agents_in_infraenv=len(agents),
+                    matching_agents=sum(1 for a in agents if agent_macs(a) & wanted),
+                    observed_via=informer.observed_via,
+                )
+            )
+
+        while True:
+            try:
+                await informer.wait(
+                    lambda: decide(informer.items(namespace)),
+                    namespace=namespace,
+                    deadline=input.deadline,
+                    on_tick=on_tick,
+                    tick_seconds=tick_seconds(self._heartbeat_every),
+                )
+            except WaitTimedOut:
+                raise error(
+                    f"no Agent registered in InfraEnv {namespace}/{infraenv} for the host by the deadline",
+                    HubErrorType.AGENT_REGISTRATION_TIMEOUT,
+                    non_retryable=True,
+                    namespace=namespace,
+                    infraenv=infraenv,
+                    deadline=input.deadline.isoformat(),
+                    agents_in_infraenv=len(candidates(informer.items(namespace))),
+                ) from None
+            # The cache may lag the hub: decide on a fresh list (one call per match, not per wait),
+            # so an Agent registered just before is seen and an ambiguity is not missed.
+            fresh = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
+            agent = decide(fresh.items)
+            if agent is not None:
+                break
+            await asyncio.sleep(0.2)  # gone meanwhile: let the cache catch up rather than spin
+        activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
+        return agent
+
+    @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
+    async def hand_agent_to_nodepool(self, input: HandAgentInput) -> HandAgentResult:
+        """Approve the Agent, role worker, hostname, the NodePool's selector labels and the slot
+        label. The provider then claims it once replicas allow (never clusterDeploymentName)."""
+        selector = nodepool_selector(await self._read_nodepool(input.nodepool))
+        ref = input.agent
+        try:
+            agent = await self._kube.get(AGENTS, ref.namespace, ref.name)
+        except HubNotFound:
+            raise self._agent_gone(ref) from None
+        labels = labels_of(agent)
+        slot_label = label_value(input.worker)
+        if labels.get(WORKER_LABEL) not in (None, slot_label):
+            raise error(
+                f"Agent {ref.namespace}/{ref.name} is already handed to another worker slot",
+                HubErrorType.AGENT_OWNED_ELSEWHERE,
+                non_retryable=True,
+                namespace=ref.namespace,
+                name=ref.name,
+                worker=labels.get(WORKER_LABEL),
+            )
+        await self._refuse_shared_macs(agent)
+        wanted_labels = {**selector, WORKER_LABEL: slot_label}
+        spec: dict[str, Any] = {"approved": True, "role": "worker"}
+        if input.hostname:
+            spec["hostname"] = input.hostname
+        annotations = meta(agent).get("annotations") or {}
+        changed_labels = {k: v for k, v in wanted_labels.items() if labels.get(k) != v}
+        changed_spec = {k: v for k, v in spec.items() if dig(agent, "spec", k) != v}
+        needs_annotation = annotations.get(WORKER_ANNOTATION) != input.worker
+        if not changed_labels and not changed_spec and not needs_annotation:
+            return HandAgentResult(agent=ref, labels=wanted_labels, changed=False)
+        patch: dict[str, Any] = {
+            "metadata": {"labels": changed_labels, "annotations": {WORKER_ANNOTATION: input.worker}},
+        }
+        if changed_spec:
+            patch["spec"] = changed_spec
+        try:
+            await self._kube.patch(AGENTS, ref.namespace, ref.name, patch)
+        except HubNotFound:
+            raise self._agent_gone(ref) from None
+        activity.logger.info(
+            "Agent %s/%s handed to NodePool %s", ref.namespace, ref.name, input.nodepool.name
+        )
+        return HandAgentResult(agent=ref, labels=wanted_labels, changed=True)
+
+    async def _refuse_shared_macs(self, agent: KubeObject) -> None:
+        """Never hand over an Agent whose MACs another Agent of its InfraEnv also reports (a
+        duplicate that registered after the correlation): AmbiguousAgentMatch, as at correlation."""
+        m = meta(agent)
+        namespace, name = str(m.get("namespace")), str(m.get("name"))
+        infraenv = labels_of(agent).get(INFRAENV_LABEL)
+        macs = agent_macs(agent)
+        if not infraenv or not macs:
+            return
+        peers = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
+        sharing = sorted(
+            str(meta(p).get("name"))
+            for p in peers.items
+            if meta(p).get("name") != name and not meta(p).get("deletionTimestamp") and agent_macs(p) & macs
+        )
+        if sharing:
+            raise error(
+                f"Agent {namespace}/{name} shares a MAC with {len(sharing)} other Agent(s) of its InfraEnv",
+                HubErrorType.AMBIGUOUS_AGENT_MATCH,
+                non_retryable=True,
+                namespace=namespace,
+                infraenv=infraenv,
+                agents=sorted([name, *sharing]),
+            )
+
+    async def _read_nodepool(self, ref: NodePoolRef) -> KubeObject:
+        try:
+            return await self._kube.get(NODE_POOLS, ref.namespace, ref.name)
+        except HubNotFound:
+            raise error(
+                f"NodePool {ref.namespace}/{ref.name} not found",
+                HubErrorType.NODEPOOL_NOT_FOUND,
+                non_retryable=False,
+                namespace=ref.namespace,
+                name=ref.name,
+            ) from None
+
+    @staticmethod
+    def _agent_gone(ref: AgentRef) -> ApplicationError:
+        return error(
+            f"Agent {ref.namespace}/{ref.name} not found",
+            HubErrorType.AGENT_NOT_FOUND,
+            non_retryable=True,
+            namespace=ref.namespace,
+            name=ref.name,
+        )
+
+    async def _wait_agent(
+        self,
+        ref: AgentRef,
+        evaluate: Callable[[KubeObject | None], T | None],
+        *,
+        deadline: datetime | None,
+    ) -> T:
+        """Wait on the shared Agent informer (fresh read first, see HubKube.wait_object),
+        heartbeating the Agent's state and stage."""
+        informer = self._kube.informer(AGENTS)
+
+        def on_tick(agent: KubeObject | None) -> None:
+            heartbeat(agent_progress(ref, agent, informer))
+
+        return await self._kube.wait_object(
+            AGENTS,
+            ref.namespace,
+            ref.name,
+            evaluate,
+            deadline=deadline,
+            on_tick=on_tick,
+            tick_seconds=tick_seconds(self._heartbeat_every),
+        )
+
+    @activity.defn(name=HubActivity.WAIT_AGENT_INSTALLED.value)
+    async def wait_agent_installed(self, input: WaitAgentInstalledInput) -> AgentInstalled:
+        """Until the provider claimed the Agent (agentMachineRef, Bound) and it is installed.
+        `error` / `installing-pending-user-action` / gone / deadline: non-retryable AgentInstallFailed."""
+        ref = input.agent
+        last: dict[str, Any] = {}
+
+        def evaluate(agent: KubeObject | None) -> AgentInstalled | None:
+            if agent is None:
+                raise self._install_failed(ref, "the Agent was deleted", last)
+            progress = agent_progress(ref, agent)
+            last.update(state=progress.state, stage=progress.stage)
+            if progress.state in AGENT_INSTALL_FAILED_STATES:
+                raise self._install_failed(ref, f"the Agent is in state {progress.state}", last)
+            installed = progress.installed or progress.state == AgentState.ADDED_TO_EXISTING_CLUSTER
+            if progress.claimed and installed:
+                return AgentInstalled(
+                    agent=ref, state=progress.state, machine_ref=labels_of(agent).get(AGENT_MACHINE_REF_LABEL)
+                )
+            return None
+
+        try:
+            result = await self._wait_agent(ref, evaluate, deadline=input.deadline)
+        except WaitTimedOut:
+            raise self._install_failed(
+                ref, "the install did not finish by the deadline", last, timeout=True
+            ) from None
+        activity.logger.info("Agent %s/%s installed", ref.namespace, ref.name)
+        return result
+
+    @staticmethod
+    def _install_failed(
+        ref: AgentRef, why: str, last: dict[str, Any], *, timeout: bool = False
+    ) -> ApplicationError:
+        return error(
+            f"Agent {ref.namespace}/{ref.name}: {why}",
+            HubErrorType.AGENT_INSTALL_FAILED,
+            non_retryable=True,
+            namespace=ref.namespace,
+            name=ref.name,
+            state=last.get("state"),
+            stage=last.get("stage"),
+            timeout=timeout,
+        )
+
+    @activity.defn(name=HubActivity.MARK_AGENT_REMOVING.value)
+    async def mark_agent_removing(self, agent: AgentRef) -> MarkRemovingResult:
+        """Label the Agent as leaving, so it no longer counts towards its NodePool's replicas."""
+        current = await self._kube.get_optional(AGENTS, agent.namespace, agent.name)
+        if current is None:
+            return MarkRemovingResult(agent=agent, found=False, changed=False)
+        if labels_of(current).get(REMOVING_LABEL) == "true":
+            return MarkRemovingResult(agent=agent, found=True, changed=False)
+        try:
+            await self._kube.patch(
+                AGENTS, agent.namespace, agent.name, {"metadata": {"labels": {REMOVING_LABEL: "true"}}}
+            )
+        except HubNotFound:
+            return MarkRemovingResult(agent=agent, found=False, changed=False)
+        return MarkRemovingResult(agent=agent, found=True, changed=True)
+
+    @activity.defn(name=HubActivity.WAIT_AGENT_UNBOUND.value)
+    async def wait_agent_unbound(self, input: WaitAgentUnboundInput) -> AgentUnbound:
+        """Until clusterDeploymentName is cleared and the host is unbound (or waits for a reboot:
+        `unbinding-pending-user-action`). Never claimed or gone: done at once.
+        Deadline: non-retryable AgentUnbindingTimeout."""
+        ref = input.agent
+        last: dict[str, Any] = {}
+        first = [True]
+
+        def evaluate(agent: KubeObject | None) -> AgentUnbound | None:
+            # The first call sees the fresh read: "never claimed" is never concluded from a cache.
+            was_first, first[0] = first[0], False
+            if agent is None:
+                return AgentUnbound(agent=ref, gone=True, was_claimed=not was_first)
+            if was_first and not agent_claimed(agent):
+                return AgentUnbound(agent=ref, was_claimed=False, state=agent_state(agent))
+            state = agent_state(agent)
+            last["state"] = state
+            released = not dig(agent, "spec", "clusterDeploymentName", "name")
+            if released and (
+                AgentState.is_unbound(state) or state == AgentState.UNBINDING_PENDING_USER_ACTION
+            ):
+                return AgentUnbound(agent=ref, was_claimed=True, state=state)
+            return None
+
+        try:
+            unbound = await self._wait_agent(ref, evaluate, deadline=input.deadline)
+        except WaitTimedOut:
+            raise error(
+                f"Agent {ref.namespace}/{ref.name} was not unbound by the deadline",
+                HubErrorType.AGENT_UNBINDING_TIMEOUT,
+                non_retryable=True,
+                namespace=ref.namespace,
+                name=ref.name,
+                state=last.get("state"),
+            ) from None
+        return unbound
+
+    @activity.defn(name=HubActivity.DELETE_AGENT.value)
+    async def delete_agent(self, agent: AgentRef) -> DeleteResult:
+        """Delete the Agent; NotFound counts as success."""
+        deleted = await self._kube.delete(AGENTS, agent.namespace, agent.name)
+        return DeleteResult(already_gone=not deleted)

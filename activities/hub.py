@@ -1,0 +1,514 @@
+"""Hub activities: the ClusterOrder (facts, cluster reference, status, Events), NodePool replicas and
+the CAPI Machine a scale-down should remove.
+
+Every write is declarative and idempotent: replicas are recomputed from the Agents on the hub (never
+incremented), status writes are compare-and-swap on resourceVersion and retried on conflict inside
+the activity, and Events can be keyed so retries do not duplicate them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import re
+import socket
+import time
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube import (
+    AGENTS,
+    CLUSTER_ORDERS,
+    EVENTS,
+    MACHINES,
+    NODE_POOLS,
+    HubAlreadyExists,
+    HubConflict,
+    HubKube,
+    HubNotFound,
+    KubeObject,
+    WaitTimedOut,
+    dig,
+    labels_of,
+    meta,
+    now_rfc3339,
+)
+from contracts.activities import HubActivity
+from contracts.hub import (
+    DELETE_MACHINE_ANNOTATION,
+    EVENT_COMPONENT,
+    MANAGEMENT_STATE_ANNOTATION,
+    REMOVING_LABEL,
+    AgentRef,
+    BareMetalNodeRequest,
+    Condition,
+    EventInput,
+    EventReason,
+    EventResult,
+    EventType,
+    HubErrorType,
+    MachineAnnotation,
+    ManagementState,
+    NodePoolRef,
+    OrderFacts,
+    PublishStatusInput,
+    PublishStatusResult,
+    ReplicaSync,
+    WaitClusterReferenceInput,
+)
+from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
+
+# Optimistic-concurrency retries inside one activity attempt before letting Temporal retry (with
+# jittered backoff growing to 1 s, so a busy object still gets a window between other writers).
+MAX_CONFLICT_RETRIES = 20
+DEFAULT_HEARTBEAT_EVERY = 10.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared with activities.assisted
+
+
+def tick_seconds(default: float) -> float:
+    """How often a waiting activity heartbeats: a third of its heartbeat timeout, at most `default`."""
+    timeout = activity.info().heartbeat_timeout
+    if timeout and timeout.total_seconds() > 0:
+        return max(0.05, min(default, timeout.total_seconds() / 3))
+    return default
+
+
+def heartbeat(details: Any) -> None:
+    """Heartbeat a pydantic model as plain JSON data (works with any data converter)."""
+    activity.heartbeat(details.model_dump(mode="json"))
+
+
+def error(message: str, type_: HubErrorType, *, non_retryable: bool, **details: Any) -> ApplicationError:
+    """An activity error with non-secret details for operators (never tenant text)."""
+    return ApplicationError(message, details or {}, type=type_.value, non_retryable=non_retryable)
+
+
+def order_not_found(order: OrderRef) -> ApplicationError:
+    return error(
+        f"ClusterOrder {order.key} not found",
+        HubErrorType.ORDER_NOT_FOUND,
+        non_retryable=True,
+        namespace=order.namespace,
+        name=order.name,
+    )
+
+
+async def read_order_object(kube: HubKube, order: OrderRef) -> KubeObject:
+    """A fresh read of the ClusterOrder (the caller must not let spec.pullSecret escape)."""
+    try:
+        return await kube.get(CLUSTER_ORDERS, order.namespace, order.name)
+    except HubNotFound:
+        raise order_not_found(order) from None
+
+
+def _jitter(attempt: int) -> float:
+    return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
+
+
+_REPORTING_INSTANCE = f"{socket.gethostname()}-{os.getpid()}"[:128]
+
+
+async def write_order_event(
+    kube: HubKube,
+    involved: dict[str, Any],
+    reason: EventReason,
+    message: str,
+    type_: EventType = EventType.NORMAL,
+    key: str | None = None,
+) -> str | None:
+    """Write a core/v1 Event about a ClusterOrder. With a key, retries write one Event.
+
+    `involved` is the involvedObject (apiVersion, kind, name, namespace, uid). Returns the Event's
+    name, or None if the namespace is gone."""
+    namespace = involved["namespace"]
+    if key:
+        suffix = hashlib.sha256(f"{reason.value}/{key}".encode()).hexdigest()[:16]
+    else:  # kube-style: the involved object's name and a timestamp (plus noise against collisions)
+        suffix = f"{time.time_ns():x}{random.getrandbits(16):04x}"
+    name = f"{involved['name']}.{suffix}"
+    now = now_rfc3339()
+    body = {
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": involved,
+        "reason": reason.value,
+        "message": message,
+        "type": type_.value,
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": _REPORTING_INSTANCE,
+    }
+    try:
+        await kube.create(EVENTS, namespace, body)
+    except HubAlreadyExists:
+        pass  # keyed: this Event was written by an earlier attempt
+    except HubNotFound:
+        return None
+    return name
+
+
+def order_involved_object(obj: KubeObject) -> dict[str, Any]:
+    m = meta(obj)
+    return {
+        "apiVersion": CLUSTER_ORDERS.api_version,
+        "kind": CLUSTER_ORDERS.kind,
+        "name": m.get("name"),
+        "namespace": m.get("namespace"),
+        "uid": m.get("uid"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# ClusterOrder parsing
+
+_DNS_LABEL = re.compile(DNS_LABEL)
+
+
+def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
+    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    assert isinstance(spec, dict)
+    node_sets: list[BareMetalNodeRequest] = []
+    invalid: list[str] = []
+    seen: set[str] = set()
+    for index, request in enumerate(spec.get("nodeRequests") or []):
+        bare_metal = request.get("bareMetal") if isinstance(request, dict) else None
+        if not isinstance(bare_metal, dict):
+            continue  # not a bare-metal request (VM workers are out of scope)
+        instance_type = bare_metal.get("instanceType")
+        count = request.get("numberOfNodes")
+        if not isinstance(instance_type, str) or not _DNS_LABEL.match(instance_type):
+            invalid.append(f"nodeRequests[{index}]: instance type is not a DNS label")
+        elif instance_type in seen:
+            # Keep the first entry: dropping both would scale a live node set to zero.
+            invalid.append(f"nodeRequests[{index}]: duplicate instance type {instance_type}")
+        elif not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            invalid.append(f"nodeRequests[{index}]: numberOfNodes is not a non-negative integer")
+        else:
+            seen.add(instance_type)
+            node_sets.append(
+                BareMetalNodeRequest(name=instance_type, instance_type=instance_type, count=count)
+            )
+
+    attachment = spec.get("networkAttachment")
+    network = None
+    if isinstance(attachment, dict):
+        groups = attachment.get("securityGroupRefs") or []
+        network = NetworkAttachmentRef(
+            subnet=attachment.get("subnetRef"),
+            security_groups=tuple(str(g) for g in groups if isinstance(g, str)),
+        )
+
+    m = meta(obj)
+    annotations = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
+    assert isinstance(annotations, dict)
+    state = (
+        ManagementState.UNMANAGED
+        if annotations.get(MANAGEMENT_STATE_ANNOTATION) == ManagementState.UNMANAGED.value
+        else ManagementState.MANAGED
+    )
+    release_image = spec.get("releaseImage")
+    return OrderFacts(
+        order=order,
+        uid=str(m.get("uid") or ""),
+        generation=m.get("generation") if isinstance(m.get("generation"), int) else None,
+        release_image=release_image if isinstance(release_image, str) and release_image else None,
+        ssh_public_key_set=bool(spec.get("sshPublicKey")),
+        pull_secret_set=bool(spec.get("pullSecret")),
+        network_attachment=network,
+        node_sets=node_sets,
+        invalid_node_requests=invalid,
+        cluster_reference=cluster_reference_of(obj),
+        deleting=bool(m.get("deletionTimestamp")),
+        management_state=state,
+    )
+
+
+def cluster_reference_of(obj: KubeObject) -> ClusterReference | None:
+    ref = dig(obj, "status", "clusterReference")
+    if not isinstance(ref, dict):
+        return None
+    namespace, name = ref.get("namespace"), ref.get("hostedClusterName")
+    if not namespace or not name:
+        return None
+    return ClusterReference(namespace=str(namespace), hosted_cluster_name=str(name))
+
+
+def merge_conditions(
+    existing: list[Any], wanted: list[Condition], now: str, generation: int | None
+) -> list[dict[str, Any]]:
+    """Merge by type; lastTransitionTime changes only when the status does; others untouched."""
+    merged: list[dict[str, Any]] = [dict(c) for c in existing if isinstance(c, dict)]
+    by_type = {c.get("type"): i for i, c in enumerate(merged)}
+    for cond in wanted:
+        item: dict[str, Any] = {
+            "type": cond.type,
+            "status": cond.status.value,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": now,
+        }
+        if generation is not None:
+            item["observedGeneration"] = generation
+        index = by_type.get(cond.type)
+        if index is None:
+            by_type[cond.type] = len(merged)
+            merged.append(item)
+            continue
+        old = merged[index]
+        if old.get("status") == item["status"] and old.get("lastTransitionTime"):
+            item["lastTransitionTime"] = old["lastTransitionTime"]
+        merged[index] = item
+    return merged
+
+
+def counts_toward(agent: KubeObject, selector: dict[str, str]) -> bool:
+    """An Agent handed to a NodePool: approved, all selector labels, not removing, not deleting."""
+    labels = labels_of(agent)
+    return (
+        dig(agent, "spec", "approved") is True
+        and all(labels.get(k) == v for k, v in selector.items())
+        and labels.get(REMOVING_LABEL) != "true"
+        and not meta(agent).get("deletionTimestamp")
+    )
+
+
+def nodepool_selector(nodepool: KubeObject) -> dict[str, str]:
+    selector = dig(nodepool, "spec", "platform", "agent", "agentLabelSelector", "matchLabels")
+    if not isinstance(selector, dict) or not selector:
+        m = meta(nodepool)
+        raise error(
+            f"NodePool {m.get('namespace')}/{m.get('name')} has no agentLabelSelector.matchLabels",
+            HubErrorType.NODEPOOL_SELECTOR_INVALID,
+            non_retryable=True,
+            namespace=m.get("namespace"),
+            name=m.get("name"),
+        )
+    return {str(k): str(v) for k, v in selector.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Activities
+
+
+class HubActivities:
+    """ClusterOrder, NodePool and Machine activities. Constructed once per worker process."""
+
+    def __init__(self, kube: HubKube, *, heartbeat_every: float = DEFAULT_HEARTBEAT_EVERY) -> None:
+        self._kube = kube
+        self._heartbeat_every = heartbeat_every
+
+    @activity.defn(name=HubActivity.READ_ORDER.value)
+    async def read_order(self, order: OrderRef) -> OrderFacts:
+        """The non-secret facts of a ClusterOrder. NotFound: non-retryable OrderNotFound."""
+        obj = await read_order_object(self._kube, order)
+        return order_facts(order, obj)
+
+    @activity.defn(name=HubActivity.WAIT_CLUSTER_REFERENCE.value)
+    async def wait_cluster_reference(self, input: WaitClusterReferenceInput) -> ClusterReference:
+        """Heartbeats until `status.clusterReference` is set (watched, not polled)."""
+        order = input.order
+        informer = self._kube.informer(CLUSTER_ORDERS)
+
+        def evaluate(obj: KubeObject | None) -> ClusterReference | None:
+            if obj is None:  # confirmed by a fresh read
+                raise order_not_found(order)
+            return cluster_reference_of(obj)
+
+        def on_tick(obj: KubeObject | None) -> None:
+            activity.heartbeat(
+                {
+                    "order": order.key,
+                    "found": obj is not None,
+                    "cluster_reference_set": False,
+                    "observed_via": informer.observed_via,
+                }
+            )
+
+        try:
+            return await self._kube.wait_object(
+                CLUSTER_ORDERS,
+                order.namespace,
+                order.name,
+                evaluate,
+                deadline=input.deadline,
+                on_tick=on_tick,
+                tick_seconds=tick_seconds(self._heartbeat_every),
+            )
+        except WaitTimedOut:
+            raise error(
+                f"ClusterOrder {order.key} has no cluster reference yet",
+                HubErrorType.CLUSTER_REFERENCE_TIMEOUT,
+                non_retryable=True,
+                namespace=order.namespace,
+                name=order.name,
+            ) from None
+
+    @activity.defn(name=HubActivity.SYNC_NODEPOOL_REPLICAS.value)
+    async def sync_nodepool_replicas(self, nodepool: NodePoolRef) -> ReplicaSync:
+        """Level-based: replicas = the Agents handed to the NodePool now, from a fresh list.
+
+        The NodePool is read before the Agents are listed and written with its resourceVersion, so
+        of two concurrent syncs the later writer always counted every hand-off the earlier saw."""
+        conflicts = 0
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            obj = await self._kube.get_optional(NODE_POOLS, nodepool.namespace, nodepool.name)
+            if obj is None:
+                return ReplicaSync(
+                    nodepool=nodepool, replicas=0, nodepool_found=False, conflicts_retried=conflicts
+                )
+            selector = nodepool_selector(obj)
+            resource_version = meta(obj).get("resourceVersion")
+            listing = await self._kube.list(
+                AGENTS,
+                nodepool.agent_namespace,
+                label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+            )
+            counted = sorted(str(meta(a).get("name")) for a in listing.items if counts_toward(a, selector))
+            previous = dig(obj, "spec", "replicas")
+            previous = previous if isinstance(previous, int) else None
+            desired = len(counted)
+            if previous == desired:
+                return ReplicaSync(
+                    nodepool=nodepool,
+                    replicas=desired,
+                    previous=previous,
+                    agents=counted,
+                    conflicts_retried=conflicts,
+                )
+            patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": desired}}
+            try:
+                await self._kube.patch(NODE_POOLS, nodepool.namespace, nodepool.name, patch)
+            except HubConflict:
+                conflicts += 1
+                await asyncio.sleep(_jitter(attempt))
+                continue
+            except HubNotFound:
+                return ReplicaSync(
+                    nodepool=nodepool, replicas=0, nodepool_found=False, conflicts_retried=conflicts
+                )
+            activity.logger.info(
+                "NodePool %s/%s replicas %s -> %s", nodepool.namespace, nodepool.name, previous, desired
+            )
+            return ReplicaSync(
+                nodepool=nodepool,
+                replicas=desired,
+                previous=previous,
+                changed=True,
+                agents=counted,
+                conflicts_retried=conflicts,
+            )
+        raise HubConflict(
+            f"NodePool {nodepool.namespace}/{nodepool.name}: still conflicting after {conflicts} retries",
+            type=HubErrorType.CONFLICT,
+            non_retryable=False,
+            code=409,
+            kind=NODE_POOLS.kind,
+            namespace=nodepool.namespace,
+            name=nodepool.name,
+        )
+
+    @activity.defn(name=HubActivity.ANNOTATE_MACHINE_FOR_DELETION.value)
+    async def annotate_machine_for_deletion(self, agent: AgentRef) -> MachineAnnotation:
+        """Mark the Machine running on this Agent so CAPI removes it first on scale-down."""
+        provider_id = f"agent://{agent.name}"
+        listing = await self._kube.list(MACHINES)
+        machines = [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+        if not machines:
+            return MachineAnnotation(agent=agent)
+        result = MachineAnnotation(agent=agent)
+        for machine in sorted(machines, key=lambda m: str(meta(m).get("name"))):
+            m = meta(machine)
+            namespace, name = str(m.get("namespace") or ""), str(m.get("name"))
+            annotations = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
+            assert isinstance(annotations, dict)
+            changed = False
+            if annotations.get(DELETE_MACHINE_ANNOTATION) != "true":
+                try:
+                    await self._kube.patch(
+                        MACHINES,
+                        namespace,
+                        name,
+                        {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}},
+                    )
+                    changed = True
+                except HubNotFound:
+                    continue
+            result = MachineAnnotation(
+                agent=agent, machine=name, machine_namespace=namespace, changed=changed
+            )
+        return result
+
+    @activity.defn(name=HubActivity.PUBLISH_ORDER_STATUS.value)
+    async def publish_order_status(self, input: PublishStatusInput) -> PublishStatusResult:
+        """Write workers[], the aggregates and our conditions; leave every other status field alone.
+
+        Compare-and-swap on resourceVersion through the status subresource; conflicts are retried
+        here (a concurrent writer's fields survive because the conditions are re-merged)."""
+        order = input.order
+        workers = [w.osac_item() for w in input.workers]
+        conflicts = 0
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            obj = await self._kube.get_optional(CLUSTER_ORDERS, order.namespace, order.name)
+            if obj is None:
+                return PublishStatusResult(order_found=False, conflicts_retried=conflicts)
+            status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+            assert isinstance(status, dict)
+            generation = meta(obj).get("generation")
+            conditions = merge_conditions(
+                list(status.get("conditions") or []),
+                input.conditions,
+                now_rfc3339(),
+                generation if isinstance(generation, int) else None,
+            )
+            wanted: dict[str, Any] = {
+                "workers": workers,
+                "desiredWorkers": input.desired,
+                "currentWorkers": input.current,
+                "readyWorkers": input.ready,
+                "conditions": conditions,
+            }
+            if all(status.get(k) == v for k, v in wanted.items()):
+                return PublishStatusResult(changed=False, conflicts_retried=conflicts)
+            if not conditions and "conditions" not in status:
+                del wanted["conditions"]
+            patch = {"metadata": {"resourceVersion": meta(obj).get("resourceVersion")}, "status": wanted}
+            try:
+                await self._kube.patch(
+                    CLUSTER_ORDERS, order.namespace, order.name, patch, subresource="status"
+                )
+            except HubConflict:
+                conflicts += 1
+                await asyncio.sleep(_jitter(attempt))
+                continue
+            except HubNotFound:
+                return PublishStatusResult(order_found=False, conflicts_retried=conflicts)
+            return PublishStatusResult(changed=True, conflicts_retried=conflicts)
+        raise HubConflict(
+            f"ClusterOrder {order.key} status: still conflicting after {conflicts} retries",
+            type=HubErrorType.CONFLICT,
+            non_retryable=False,
+            code=409,
+            kind=CLUSTER_ORDERS.kind,
+            namespace=order.namespace,
+            name=order.name,
+        )
+
+    @activity.defn(name=HubActivity.EMIT_EVENT.value)
+    async def emit_event(self, input: EventInput) -> EventResult:
+        """A core/v1 Event on the ClusterOrder (skipped when the order is gone)."""
+        obj = await self._kube.get_optional(CLUSTER_ORDERS, input.order.namespace, input.order.name)
+        if obj is None:
+            return EventResult(emitted=False)
+        name = await write_order_event(
+            self._kube, order_involved_object(obj), input.reason, input.message, input.type, input.key
+        )
+        return EventResult(emitted=name is not None, name=name)

@@ -1,0 +1,959 @@
+"""The one wrapper of the hub's Kubernetes API used by every hub activity.
+
+Built once at worker start from a kubeconfig with the official `kubernetes` client. That client is
+blocking, so each request runs on a bounded thread pool (the event loop never blocks; the pool size
+caps concurrent hub requests per process). Requests go through the client's `ApiClient` with paths
+built here rather than through the generated typed APIs: one code path for core and custom kinds,
+explicit patch content types, and dict objects that validate against the CRD schemas as they are.
+
+Waiting activities observe the hub through `Informer`s: one watch stream per kind for the whole
+process (list, then watch from the list's resourceVersion; resume from the last resourceVersion
+after a clean close; re-list after 410 Gone or a broken stream), a local cache, and waiters woken on
+change. Hub calls per waiting activity therefore do not grow with how long a host takes to boot.
+
+Errors are mapped once, here, to `HubApiError` (a Temporal `ApplicationError`) whose `type` is a
+`HubErrorType`: 404/400/422/401/403 non-retryable (422 names the invalid fields), 409 and 5xx and
+transport failures retryable. Messages never carry request or response bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from temporalio.exceptions import ApplicationError
+
+from contracts.hub import HubErrorType
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+KubeObject = dict[str, Any]
+Transform = Callable[[KubeObject], KubeObject]
+
+
+# ---------------------------------------------------------------------------------------------
+# Kinds
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def collection_path(self, namespace: str | None = None) -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            return f"{root}/namespaces/{quote(namespace, safe='')}/{self.plural}"
+        return f"{root}/{self.plural}"
+
+    def object_path(self, namespace: str | None, name: str, subresource: str | None = None) -> str:
+        path = f"{self.collection_path(namespace)}/{quote(name, safe='')}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+SECRETS = Resource("", "v1", "secrets", "Secret")
+EVENTS = Resource("", "v1", "events", "Event")
+CLUSTER_ORDERS = Resource("osac.openshift.io", "v1alpha1", "clusterorders", "ClusterOrder")
+INFRA_ENVS = Resource("agent-install.openshift.io", "v1beta1", "infraenvs", "InfraEnv")
+AGENTS = Resource("agent-install.openshift.io", "v1beta1", "agents", "Agent")
+NODE_POOLS = Resource("hypershift.openshift.io", "v1beta1", "nodepools", "NodePool")
+MACHINES = Resource("cluster.x-k8s.io", "v1beta1", "machines", "Machine")
+
+
+class PatchType(StrEnum):
+    MERGE = "application/merge-patch+json"
+    JSON = "application/json-patch+json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache transforms: what the process keeps in memory for its waiters
+
+
+def _strip_order_secrets(obj: KubeObject) -> KubeObject:
+    """A cached ClusterOrder never holds the pull secret (waiters need only metadata and status)."""
+    spec = obj.get("spec")
+    if isinstance(spec, dict) and "pullSecret" in spec:
+        obj = {**obj, "spec": {k: v for k, v in spec.items() if k != "pullSecret"}}
+    return obj
+
+
+REDACTED = "<redacted>"
+
+
+def _redact_infraenv_urls(obj: KubeObject) -> KubeObject:
+    """Boot artifact URLs carry a token: the cache keeps only whether each one is set."""
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return obj
+    status = dict(status)
+    artifacts = status.get("bootArtifacts")
+    if isinstance(artifacts, dict):
+        status["bootArtifacts"] = {k: (REDACTED if v else v) for k, v in artifacts.items()}
+    for key in ("isoDownloadURL",):
+        if status.get(key):
+            status[key] = REDACTED
+    debug = status.get("debugInfo")
+    if isinstance(debug, dict):
+        status["debugInfo"] = {k: (REDACTED if v else v) for k, v in debug.items()}
+    return {**obj, "status": status}
+
+
+DEFAULT_TRANSFORMS: dict[Resource, Transform] = {
+    CLUSTER_ORDERS: _strip_order_secrets,
+    INFRA_ENVS: _redact_infraenv_urls,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class HubApiError(ApplicationError):
+    """A failed hub call, typed for Temporal. Details are one dict of non-secret facts."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        type: HubErrorType,
+        non_retryable: bool,
+        code: int | None = None,
+        reason: str | None = None,
+        kind: str | None = None,
+        namespace: str | None = None,
+        name: str | None = None,
+        fields: tuple[str, ...] = (),
+    ) -> None:
+        facts: dict[str, Any] = {
+            "code": code,
+            "reason": reason,
+            "kind": kind,
+            "namespace": namespace,
+            "name": name,
+            "fields": list(fields),
+        }
+        super().__init__(message, facts, type=type, non_retryable=non_retryable)
+        self.code = code
+        self.reason = reason
+        self.kind = kind
+        self.namespace = namespace
+        self.name = name
+        self.fields = fields
+
+
+class HubNotFound(HubApiError):
+    pass
+
+
+class HubConflict(HubApiError):
+    """409 Conflict: a stale resourceVersion. Retry after re-reading."""
+
+
+class HubAlreadyExists(HubApiError):
+    pass
+
+
+class HubInvalid(HubApiError):
+    """422 Invalid / 400 BadRequest: the request will never succeed as it is."""
+
+
+class HubAuthError(HubApiError):
+    """401 / 403."""
+
+
+class HubGone(HubApiError):
+    """410 Gone: a resourceVersion too old to watch from."""
+
+
+class HubUnavailable(HubApiError):
+    """5xx, 429, timeouts, refused or broken connections."""
+
+
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (ValueError, TypeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def map_api_exception(
+    exc: ApiException, verb: str, resource: Resource, namespace: str | None, name: str | None
+) -> HubApiError:
+    """Turn a client exception into a typed error. Never copies the body: it may echo secrets."""
+    code = int(exc.status or 0)
+    status = _status_body(exc)
+    reason = str(status.get("reason") or exc.reason or "")
+    details = status.get("details") if isinstance(status.get("details"), dict) else {}
+    causes = details.get("causes") if isinstance(details, dict) else None
+    fields = tuple(sorted({str(c["field"]) for c in causes or [] if isinstance(c, dict) and c.get("field")}))
+    where = f"{resource.kind} {namespace + '/' if namespace else ''}{name or ''}".strip()
+    base = f"hub {verb} {where}: HTTP {code} {reason}".strip()
+    kw: dict[str, Any] = {
+        "code": code,
+        "reason": reason,
+        "kind": resource.kind,
+        "namespace": namespace,
+        "name": name,
+        "fields": fields,
+    }
+    if code == 404:
+        return HubNotFound(base, type=HubErrorType.NOT_FOUND, non_retryable=True, **kw)
+    if code == 409 and reason == "AlreadyExists":
+        # Retryable: the retry finds the object and adopts it.
+        return HubAlreadyExists(base, type=HubErrorType.ALREADY_EXISTS, non_retryable=False, **kw)
+    if code == 409:
+        return HubConflict(base, type=HubErrorType.CONFLICT, non_retryable=False, **kw)
+    if code == 422:
+        suffix = f" (fields: {', '.join(fields)})" if fields else ""
+        return HubInvalid(base + suffix, type=HubErrorType.INVALID, non_retryable=True, **kw)
+    if code == 400:
+        return HubInvalid(base, type=HubErrorType.BAD_REQUEST, non_retryable=True, **kw)
+    if code == 401:
+        return HubAuthError(base, type=HubErrorType.UNAUTHORIZED, non_retryable=True, **kw)
+    if code == 403:
+        return HubAuthError(base, type=HubErrorType.FORBIDDEN, non_retryable=True, **kw)
+    if code == 410:
+        return HubGone(base, type=HubErrorType.GONE, non_retryable=False, **kw)
+    if code == 0:
+        # The client reports transport trouble (e.g. TLS) with status 0.
+        return HubUnavailable(
+            f"hub {verb} {where}: transport error", type=HubErrorType.TRANSPORT, non_retryable=False, **kw
+        )
+    return HubUnavailable(base, type=HubErrorType.UNAVAILABLE, non_retryable=False, **kw)
+
+
+def _transport_error(
+    exc: BaseException, verb: str, resource: Resource, namespace: str | None, name: str | None
+) -> HubUnavailable:
+    where = f"{resource.kind} {namespace + '/' if namespace else ''}{name or ''}".strip()
+    return HubUnavailable(
+        f"hub {verb} {where}: {type(exc).__name__}",
+        type=HubErrorType.TRANSPORT,
+        non_retryable=False,
+        kind=resource.kind,
+        namespace=namespace,
+        name=name,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+@dataclass
+class ObjectList:
+    items: list[KubeObject]
+    resource_version: str | None
+
+
+@dataclass
+class HubStats:
+    """What this process asked of the hub, for tests and metrics."""
+
+    requests: Counter[str] = field(default_factory=Counter)  # by verb (get, list, watch, ...)
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+
+class HubKube:
+    """The hub's Kubernetes API for the activities: typed errors, a thread pool, shared informers."""
+
+    def __init__(
+        self,
+        api_client: k8s_client.ApiClient,
+        *,
+        max_workers: int = 16,
+        request_timeout: tuple[float, float] = (5.0, 30.0),
+        watch_timeout_seconds: int = 300,
+        relist_backoff: tuple[float, float] = (0.2, 10.0),
+        transforms: Mapping[Resource, Transform] | None = None,
+    ) -> None:
+        self._api = api_client
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hub-kube")
+        self._request_timeout = request_timeout
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.relist_backoff = relist_backoff
+        self._transforms = dict(DEFAULT_TRANSFORMS if transforms is None else transforms)
+        self._informers: dict[Resource, Informer] = {}
+        self._stats_lock = threading.Lock()
+        self.stats = HubStats()
+        self._closed = False
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        path: str | None = None,
+        *,
+        context: str | None = None,
+        max_workers: int = 16,
+        **kwargs: Any,
+    ) -> HubKube:
+        """Load a kubeconfig (token, client certificates and CA as kubectl would use them)."""
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(
+            config_file=path, context=context, client_configuration=configuration, persist_config=False
+        )
+        # Room for every pool thread plus one watch stream per kind.
+        configuration.connection_pool_maxsize = max_workers + 8
+        # Only connection set-up is retried by urllib3: a request that reached the server is never
+        # sent twice behind the caller's back (the activity's retry policy decides).
+        configuration.retries = urllib3.Retry(
+            total=3, connect=3, read=0, status=0, other=0, redirect=0, backoff_factor=0.1
+        )
+        return cls(k8s_client.ApiClient(configuration), max_workers=max_workers, **kwargs)
+
+    async def close(self) -> None:
+        """Stop the informers, then the pool and the connections."""
+        self._closed = True
+        for informer in list(self._informers.values()):
+            await informer.stop()
+        self._informers.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self._api.close)
+
+    # -- raw requests -----------------------------------------------------------------------
+
+    def _count(self, verb: str) -> None:
+        with self._stats_lock:
+            self.stats.requests[verb] += 1
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: tuple[float, float] | float | None = None,
+    ) -> Any:
+        """Send one request on the calling thread; return the client's RESTResponse (unread)."""
+        headers: dict[str, str] = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        method_, url, header_params, body_, post_params = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self._api.call_api(
+            method_,
+            url,
+            header_params=header_params,
+            body=body_,
+            post_params=post_params,
+            _request_timeout=timeout or self._request_timeout,
+        )
+
+    def _request_sync(
+        self,
+        verb: str,
+        method: str,
+        resource: Resource,
+        namespace: str | None,
+        name: str | None,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str | None,
+    ) -> KubeObject:
+        self._count(verb)
+        try:
+            response = self._open(method, path, query=query, body=body, content_type=content_type)
+            data = response.read()
+        except ApiException as exc:
+            raise map_api_exception(exc, verb, resource, namespace, name) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _transport_error(exc, verb, resource, namespace, name) from None
+        if not 200 <= response.status <= 299:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = data.decode("utf-8", "replace") if data else None
+            raise map_api_exception(error, verb, resource, namespace, name) from None
+        try:
+            parsed = json.loads(data) if data else {}
+        except ValueError:
+            raise HubUnavailable(
+                f"hub {verb} {resource.kind}: response is not JSON",
+                type=HubErrorType.PROTOCOL,
+                non_retryable=False,
+                kind=resource.kind,
+                namespace=namespace,
+                name=name,
+            ) from None
+        return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+    async def _request(
+        self,
+        verb: str,
+        method: str,
+        resource: Resource,
+        namespace: str | None,
+        name: str | None,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> KubeObject:
+        if self._closed:
+            raise RuntimeError("HubKube is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor,
+            lambda: self._request_sync(
+                verb, method, resource, namespace, name, path, query, body, content_type
+            ),
+        )
+
+    # -- verbs ------------------------------------------------------------------------------
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject:
+        path = resource.object_path(namespace, name)
+        return await self._request("get", "GET", resource, namespace, name, path)
+
+    async def get_optional(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        try:
+            return await self.get(resource, namespace, name)
+        except HubNotFound:
+            return None
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ObjectList:
+        """A fresh list from the hub (not the informer cache)."""
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        path = resource.collection_path(namespace)
+        data = await self._request("list", "GET", resource, namespace, None, path, query=query)
+        items = data.get("items") or []
+        rv = (data.get("metadata") or {}).get("resourceVersion")
+        return ObjectList(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
+
+    async def create(self, resource: Resource, namespace: str | None, body: KubeObject) -> KubeObject:
+        body = {"apiVersion": resource.api_version, "kind": resource.kind, **body}
+        name = (body.get("metadata") or {}).get("name")
+        path = resource.collection_path(namespace)
+        return await self._request("create", "POST", resource, namespace, name, path, body=body)
+
+    async def patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        *,
+        patch_type: PatchType = PatchType.MERGE,
+        subresource: str | None = None,
+    ) -> KubeObject:
+        """Merge patch by default. Put `metadata.resourceVersion` in a merge patch to make it a
+        compare-and-swap (409 Conflict when the object changed since it was read)."""
+        path = resource.object_path(namespace, name, subresource)
+        verb = f"patch/{subresource}" if subresource else "patch"
+        return await self._request(
+            verb, "PATCH", resource, namespace, name, path, body=patch, content_type=patch_type.value
+        )
+
+    async def replace(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: KubeObject,
+        *,
+        subresource: str | None = None,
+    ) -> KubeObject:
+        path = resource.object_path(namespace, name, subresource)
+        verb = f"update/{subresource}" if subresource else "update"
+        return await self._request(verb, "PUT", resource, namespace, name, path, body=body)
+
+    async def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        propagation: str = "Background",
+        uid: str | None = None,
+    ) -> bool:
+        """Delete; True if this call deleted (or started deleting) it, False if it was already gone.
+
+        `uid` makes the delete conditional on the object still being that incarnation."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": propagation,
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        path = resource.object_path(namespace, name)
+        try:
+            await self._request("delete", "DELETE", resource, namespace, name, path, body=body)
+        except HubNotFound:
+            return False
+        return True
+
+    # -- informers --------------------------------------------------------------------------
+
+    def informer(self, resource: Resource) -> Informer:
+        """The process-wide shared informer of a kind (started by its first waiter)."""
+        informer = self._informers.get(resource)
+        if informer is None:
+            informer = Informer(self, resource, self._transforms.get(resource))
+            self._informers[resource] = informer
+        return informer
+
+    async def wait_object(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        evaluate: Callable[[KubeObject | None], T | None],
+        *,
+        deadline: datetime | None = None,
+        on_tick: Callable[[KubeObject | None], None] | None = None,
+        tick_seconds: float = 10.0,
+    ) -> T:
+        """Wait until `evaluate(object)` (None: the object does not exist) is not None.
+
+        Subscribes to the shared informer, then reads the object fresh, so the first answer is
+        never a lagging cache's; afterwards only cache entries at least as new as what was already
+        read are evaluated, and absence from the cache is confirmed by a fresh read once (then the
+        informer reports the object's creation). Raises WaitTimedOut at the deadline."""
+        informer = self.informer(resource)
+        await informer.start()
+        fresh = await self.get_optional(resource, namespace, name)
+        if fresh is not None:
+            fresh = informer.transform(fresh)
+        result = evaluate(fresh)
+        if result is not None:
+            return result
+        floor = _resource_version(fresh)
+        known_absent = fresh is None
+        absent = object()
+
+        def check() -> Any:
+            obj = informer.get(namespace, name)
+            if obj is None:
+                return None if known_absent else absent
+            if _older(obj, floor):
+                return None  # the cache has not caught up with the fresh read yet
+            return evaluate(obj)
+
+        def tick() -> None:
+            if on_tick is not None:
+                on_tick(informer.get(namespace, name))
+
+        while True:
+            outcome = await informer.wait(
+                check, namespace=namespace, deadline=deadline, on_tick=tick, tick_seconds=tick_seconds
+            )
+            if outcome is not absent:
+                return outcome
+            fresh = await self.get_optional(resource, namespace, name)
+            if fresh is not None:
+                fresh = informer.transform(fresh)
+            result = evaluate(fresh)
+            if result is not None:
+                return result
+            floor = _resource_version(fresh) or floor
+            known_absent = fresh is None
+
+    # Used by Informer: the streaming request runs on the informer's own thread.
+    def _open_watch(self, resource: Resource, resource_version: str | None) -> Any:
+        self._count("watch")
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": self.watch_timeout_seconds,
+        }
+        read_timeout = self.watch_timeout_seconds + 30.0
+        try:
+            response = self._open(
+                "GET",
+                resource.collection_path(None),
+                query=query,
+                timeout=(self._request_timeout[0], read_timeout),
+            )
+        except ApiException as exc:
+            raise map_api_exception(exc, "watch", resource, None, None) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _transport_error(exc, "watch", resource, None, None) from None
+        if not 200 <= response.status <= 299:
+            data = response.read()
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = data.decode("utf-8", "replace") if data else None
+            raise map_api_exception(error, "watch", resource, None, None) from None
+        return response.response  # the urllib3 response, streamed line by line
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared informers
+
+
+class WaitTimedOut(Exception):
+    """An informer wait reached its deadline."""
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): re-list."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    namespace: str | None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class InformerStats:
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    expired: int = 0
+    disconnects: int = 0
+
+
+def _iter_lines(response: Any) -> Iterator[bytes]:
+    """Split a streamed watch body into lines (one JSON event per line)."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+class Informer:
+    """One watch of one kind across all namespaces, a local cache, and waiters woken on change.
+
+    Lifecycle: started lazily on the event loop of its first waiter, stopped by `HubKube.close()`.
+    The blocking stream is read on a thread of its own, so a slow hub never takes a request thread.
+    """
+
+    def __init__(self, kube: HubKube, resource: Resource, transform: Transform | None) -> None:
+        self._kube = kube
+        self.resource = resource
+        self._transform = transform
+        self._objects: dict[tuple[str, str], KubeObject] = {}
+        self._resource_version: str | None = None
+        self._waiters: set[_Waiter] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._synced: asyncio.Event | None = None
+        self._stream_thread: ThreadPoolExecutor | None = None
+        self._response: Any = None
+        self.connected = False
+        self.stats = InformerStats()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop and self._task is not None:
+            raise RuntimeError("an informer serves one event loop")
+        self._loop = loop
+        if self._synced is None:
+            self._synced = asyncio.Event()
+        if self._stream_thread is None:
+            self._stream_thread = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"hub-watch-{self.resource.plural}"
+            )
+        self._task = loop.create_task(self._run(), name=f"informer-{self.resource.plural}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        self._shutdown_stream()
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.connected = False
+        # The cache and resourceVersion are kept: a later start() resumes (or re-lists on 410).
+        if self._stream_thread is not None:
+            self._stream_thread.shutdown(wait=False, cancel_futures=True)
+            self._stream_thread = None
+
+    def _shutdown_stream(self) -> None:
+        """Unblock the stream thread (urllib3 2.3+ `shutdown`, else close)."""
+        response = self._response
+        if response is None:
+            return
+        with contextlib.suppress(Exception):
+            if hasattr(response, "shutdown"):
+                response.shutdown()
+            response.release_conn()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced is not None and self._synced.is_set()
+
+    @property
+    def observed_via(self) -> str:
+        """How fresh the cache is: "watch" (stream up) or "relisting" (stream down, retrying)."""
+        return "watch" if self.connected else "relisting"
+
+    # -- reading the cache ------------------------------------------------------------------
+
+    def get(self, namespace: str, name: str) -> KubeObject | None:
+        return self._objects.get((namespace, name))
+
+    def items(self, namespace: str | None = None) -> list[KubeObject]:
+        if namespace is None:
+            return list(self._objects.values())
+        return [obj for (ns, _), obj in self._objects.items() if ns == namespace]
+
+    def transform(self, obj: KubeObject) -> KubeObject:
+        """What the cache would keep of `obj` (e.g. a fresh read, before waiters look at it)."""
+        return self._transform(obj) if self._transform else obj
+
+    # -- waiting ----------------------------------------------------------------------------
+
+    async def wait(
+        self,
+        check: Callable[[], T | None],
+        *,
+        namespace: str | None = None,
+        deadline: datetime | None = None,
+        on_tick: Callable[[], None] | None = None,
+        tick_seconds: float = 10.0,
+    ) -> T:
+        """Return `check()` once it is not None, evaluated on the cache after every change in
+        `namespace` (all namespaces if None) and at least every `tick_seconds` (when `on_tick`
+        runs too, e.g. to heartbeat). Raises WaitTimedOut once `deadline` passed (the check runs
+        at least once even if the deadline is already past). Cancellation propagates."""
+        await self.start()
+        waiter = _Waiter(namespace)
+        self._waiters.add(waiter)
+        try:
+            while True:
+                waiter.event.clear()  # before checking, so a change during the check is not lost
+                if self.synced:
+                    result = check()
+                    if result is not None:
+                        return result
+                if on_tick is not None:
+                    on_tick()
+                timeout = tick_seconds
+                if deadline is not None:
+                    remaining = (deadline - datetime.now(UTC)).total_seconds()
+                    if remaining <= 0:
+                        if not self.synced:
+                            # Unknowable while the hub cannot be listed: retry rather than
+                            # report a timeout that may be false.
+                            raise HubUnavailable(
+                                f"hub {self.resource.plural} not observable past the deadline",
+                                type=HubErrorType.UNAVAILABLE,
+                                non_retryable=False,
+                                kind=self.resource.kind,
+                            )
+                        raise WaitTimedOut()
+                    timeout = max(0.01, min(timeout, remaining))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.event.wait(), timeout)
+        finally:
+            self._waiters.discard(waiter)
+
+    def _notify(self, namespace: str | None) -> None:
+        for waiter in self._waiters:
+            if namespace is None or waiter.namespace is None or waiter.namespace == namespace:
+                waiter.event.set()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        floor, cap = self._kube.relist_backoff
+        delay = floor
+        need_list = self._resource_version is None  # a restarted informer first tries to resume
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                opened = loop.time()
+                await self._watch_once(loop)
+                # A clean close (server timeout): resume from the last resourceVersion. A server
+                # that closes at once every time is backed off rather than spun on.
+                if loop.time() - opened < 1.0:
+                    await asyncio.sleep(delay)
+                    delay = min(cap, delay * 2)
+                else:
+                    delay = floor
+            except asyncio.CancelledError:
+                raise
+            except (_Expired, HubGone):  # 410 as a watch ERROR event or as the HTTP status
+                self.stats.expired += 1
+                need_list = True
+                self.connected = False
+            except Exception as exc:  # broken stream or failed list: re-list after a backoff
+                self.connected = False
+                self.stats.disconnects += 1
+                need_list = True
+                log.info(
+                    "hub watch of %s interrupted (%s); re-listing", self.resource.plural, type(exc).__name__
+                )
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(cap, delay * 2)
+
+    async def _relist(self) -> None:
+        listing = await self._kube.list(self.resource)
+        self.stats.lists += 1
+        fresh: dict[tuple[str, str], KubeObject] = {}
+        for obj in listing.items:
+            key = self._key(obj)
+            if key is not None:
+                fresh[key] = self._transform(obj) if self._transform else obj
+        self._objects = fresh
+        self._resource_version = listing.resource_version
+        assert self._synced is not None
+        self._synced.set()
+        self._notify(None)
+
+    async def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
+        kube, resource, rv = self._kube, self.resource, self._resource_version
+        stream_thread = self._stream_thread
+        assert stream_thread is not None
+        response = await loop.run_in_executor(stream_thread, kube._open_watch, resource, rv)
+        self._response = response
+        self.stats.watches += 1
+        self.connected = True
+        lines = _iter_lines(response)
+        try:
+            while True:
+                line = await loop.run_in_executor(stream_thread, next, lines, None)
+                if line is None:
+                    return
+                self._apply(json.loads(line))
+        finally:
+            self._response = None
+            with contextlib.suppress(Exception):
+                response.release_conn()
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code") if isinstance(obj, dict) else None
+            if code == 410:
+                raise _Expired()
+            raise RuntimeError(f"watch error {code}")
+        meta = obj.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        if rv:
+            self._resource_version = rv
+        if kind == "BOOKMARK":
+            return
+        key = self._key(obj)
+        if key is None:
+            return
+        self.stats.events += 1
+        if kind == "DELETED":
+            self._objects.pop(key, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            self._objects[key] = self._transform(obj) if self._transform else obj
+        self._notify(key[0])
+
+    @staticmethod
+    def _key(obj: KubeObject) -> tuple[str, str] | None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return None
+        return (str(meta.get("namespace") or ""), str(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers shared by the activity modules
+
+
+def _resource_version(obj: KubeObject | None) -> str | None:
+    value = meta(obj).get("resourceVersion") if obj is not None else None
+    return str(value) if value else None
+
+
+def _older(obj: KubeObject, floor: str | None) -> bool:
+    """Whether a cached object predates a version already read. resourceVersions are opaque to
+    clients, but every server in practice (etcd, the twin) issues increasing integers; anything
+    else is taken as not older."""
+    version = _resource_version(obj)
+    if not floor or not version or not (version.isdigit() and floor.isdigit()):
+        return False
+    return int(version) < int(floor)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    value = obj.get("metadata")
+    return value if isinstance(value, dict) else {}
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    value = meta(obj).get("labels")
+    return value if isinstance(value, dict) else {}
+
+
+def condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for cond in conditions or []:
+        if isinstance(cond, dict) and cond.get("type") == type_:
+            return cond
+    return None
+
+
+def condition_true(obj: Mapping[str, Any], type_: str) -> bool:
+    cond = condition(obj, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def dig(obj: Mapping[str, Any], *path: str) -> Any:
+    current: Any = obj
+    for key in path:
+        if not isinstance(current, dict):
+            return None
+        current = current.get(key)
+    return current

@@ -1,0 +1,501 @@
+"""Inputs, outputs and error types of the hub activities (Assisted Installer objects, NodePools,
+ClusterOrder status and Events).
+
+Non-secret by construction: no model here carries the pull secret, the discovery ignition, its URL
+(which embeds a token) or any credential. Activities read those themselves, by reference.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
+from contracts.worker import WorkerStatus
+
+# ---------------------------------------------------------------------------------------------
+# Names on the hub (osac-reference.md §3-§5)
+
+# Label the InfraEnv puts on its Agents and the NodePool selects on. Not the BMI label of
+# contracts.bmaas ("osac.openshift.io/cluster-order"): the hub objects use OSAC's operator spelling.
+ORDER_LABEL = "osac.openshift.io/clusterorder"
+RESOURCE_CLASS_LABEL = "osac.openshift.io/resource_class"
+# Names the worker slot an Agent was handed to (so an operator can tell which slot owns a host).
+WORKER_LABEL = "osac.openshift.io/worker"
+# An Agent on its way out: it no longer counts towards its NodePool's replicas.
+REMOVING_LABEL = "osac.openshift.io/removing"
+INFRAENV_LABEL = "infraenvs.agent-install.openshift.io"
+AGENT_MACHINE_REF_LABEL = "agentMachineRef"
+DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
+MANAGEMENT_STATE_ANNOTATION = "osac.openshift.io/management-state"
+# Secret key assisted-service reads the pull secret from.
+PULL_SECRET_KEY = ".dockerconfigjson"
+
+# The discovery ignition becomes the BMI's user_data (limit 64 KiB); OSAC warns well before that.
+IGNITION_WARN_BYTES = 48 * 1024
+IGNITION_LIMIT_BYTES = 64 * 1024
+
+EVENT_COMPONENT = "osac-baremetal-workers"
+
+
+def pull_secret_name(order_name: str) -> str:
+    return f"{order_name}-pull-secret"
+
+
+# ---------------------------------------------------------------------------------------------
+# Enums
+
+
+class ManagementState(StrEnum):
+    MANAGED = "managed"
+    UNMANAGED = "unmanaged"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class EventReason(StrEnum):
+    """OSAC's ClusterOrder Event reasons."""
+
+    INFRA_ENV_CREATED = "InfraEnvCreated"
+    WORKER_CREATED = "WorkerCreated"
+    AGENT_CORRELATED = "AgentCorrelated"
+    WORKER_READY = "WorkerReady"
+    AGENT_REGISTRATION_TIMEOUT = "AgentRegistrationTimeout"
+    WORKER_FAILED = "WorkerFailed"
+    WORKER_DELETED = "WorkerDeleted"
+    DISCOVERY_IGNITION_SIZE_WARNING = "DiscoveryIgnitionSizeWarning"
+
+
+class AgentState(StrEnum):
+    """`status.debugInfo.state` values the activities act on (assisted-service host states)."""
+
+    DISCOVERING_UNBOUND = "discovering-unbound"
+    KNOWN_UNBOUND = "known-unbound"
+    INSUFFICIENT_UNBOUND = "insufficient-unbound"
+    DISCONNECTED_UNBOUND = "disconnected-unbound"
+    BINDING = "binding"
+    DISCOVERING = "discovering"
+    KNOWN = "known"
+    INSUFFICIENT = "insufficient"
+    DISCONNECTED = "disconnected"
+    PENDING_FOR_INPUT = "pending-for-input"
+    INSTALLING = "installing"
+    INSTALLING_IN_PROGRESS = "installing-in-progress"
+    INSTALLING_PENDING_USER_ACTION = "installing-pending-user-action"
+    ADDED_TO_EXISTING_CLUSTER = "added-to-existing-cluster"
+    ERROR = "error"
+    UNBINDING = "unbinding"
+    UNBINDING_PENDING_USER_ACTION = "unbinding-pending-user-action"
+
+    @staticmethod
+    def is_unbound(state: str | None) -> bool:
+        return bool(state) and (str(state).endswith("-unbound"))
+
+
+# States in which an install will not finish without a human (or a new host).
+AGENT_INSTALL_FAILED_STATES: frozenset[str] = frozenset(
+    {AgentState.ERROR, AgentState.INSTALLING_PENDING_USER_ACTION}
+)
+
+
+class HubErrorType(StrEnum):
+    """`ApplicationError.type` values raised by the hub and assisted activities.
+
+    Non-retryable: see NON_RETRYABLE_HUB_ERRORS. Retryable: CONFLICT, ALREADY_EXISTS (a retry adopts),
+    GONE, UNAVAILABLE, TRANSPORT, PROTOCOL, INFRAENV_NOT_READY, IGNITION_FETCH_FAILED, OBJECT_DELETING,
+    NODEPOOL_NOT_FOUND.
+    """
+
+    # Kubernetes API status mapping.
+    NOT_FOUND = "HubNotFound"
+    CONFLICT = "HubConflict"
+    ALREADY_EXISTS = "HubAlreadyExists"
+    INVALID = "HubInvalid"
+    BAD_REQUEST = "HubBadRequest"
+    UNAUTHORIZED = "HubUnauthorized"
+    FORBIDDEN = "HubForbidden"
+    GONE = "HubGone"
+    UNAVAILABLE = "HubUnavailable"
+    TRANSPORT = "HubTransportError"
+    PROTOCOL = "HubProtocolError"
+    # Contract errors of the activities.
+    ORDER_NOT_FOUND = "OrderNotFound"
+    PULL_SECRET_MISSING = "PullSecretMissing"
+    OBJECT_DELETING = "HubObjectDeleting"
+    INFRAENV_NOT_READY = "InfraEnvNotReady"
+    IGNITION_FETCH_FAILED = "DiscoveryIgnitionFetchFailed"
+    IGNITION_INVALID = "DiscoveryIgnitionInvalid"
+    NODEPOOL_SELECTOR_INVALID = "NodePoolSelectorInvalid"
+    # Retryable: the cluster-provisioning flow creates NodePools after the cluster reference.
+    NODEPOOL_NOT_FOUND = "NodePoolNotFound"
+    CLUSTER_REFERENCE_TIMEOUT = "ClusterReferenceTimeout"
+    AGENT_NOT_FOUND = "AgentNotFound"
+    AGENT_OWNED_ELSEWHERE = "AgentOwnedElsewhere"
+    # The values below equal contracts.worker.FailureReason values on purpose.
+    AMBIGUOUS_AGENT_MATCH = "AmbiguousAgentMatch"
+    AGENT_REGISTRATION_TIMEOUT = "AgentRegistrationTimeout"
+    AGENT_INSTALL_FAILED = "AgentInstallFailed"
+    AGENT_UNBINDING_TIMEOUT = "AgentUnbindingTimeout"
+    IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
+
+
+NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
+    {
+        HubErrorType.NOT_FOUND,
+        HubErrorType.INVALID,
+        HubErrorType.BAD_REQUEST,
+        HubErrorType.UNAUTHORIZED,
+        HubErrorType.FORBIDDEN,
+        HubErrorType.ORDER_NOT_FOUND,
+        HubErrorType.PULL_SECRET_MISSING,
+        HubErrorType.IGNITION_INVALID,
+        HubErrorType.NODEPOOL_SELECTOR_INVALID,
+        HubErrorType.CLUSTER_REFERENCE_TIMEOUT,
+        HubErrorType.AGENT_NOT_FOUND,
+        HubErrorType.AGENT_OWNED_ELSEWHERE,
+        HubErrorType.AMBIGUOUS_AGENT_MATCH,
+        HubErrorType.AGENT_REGISTRATION_TIMEOUT,
+        HubErrorType.AGENT_INSTALL_FAILED,
+        HubErrorType.AGENT_UNBINDING_TIMEOUT,
+        HubErrorType.IGNITION_TOO_LARGE,
+    }
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by workflows and activities
+
+_MAC_HEX = re.compile(r"[0-9a-f]{12}")
+
+
+def normalize_mac(value: str) -> str:
+    """Lowercase colon form: accepts `AA:BB:..`, `aa-bb-..`, `aabb.ccdd.eeff` and bare hex."""
+    digits = re.sub(r"[\s:.\-]", "", value.strip().lower())
+    if not _MAC_HEX.fullmatch(digits):
+        raise ValueError(f"not a MAC address: {value!r}")
+    return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
+
+
+def _aware(value: datetime) -> datetime:
+    """Deadlines are absolute instants; a naive one is taken as UTC rather than local time."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+
+
+class InfraEnvRef(BaseModel):
+    """An order's InfraEnv and the Secret holding its pull secret (by name only)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    namespace: str = Field(pattern=DNS_LABEL)
+    name: str = Field(min_length=1, max_length=253)
+    pull_secret_name: str = Field(min_length=1, max_length=253)
+
+    @classmethod
+    def for_order(cls, order: OrderRef) -> InfraEnvRef:
+        return cls(
+            order=order,
+            namespace=order.namespace,
+            name=order.infraenv_name,
+            pull_secret_name=pull_secret_name(order.name),
+        )
+
+
+class AgentRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str = Field(pattern=DNS_LABEL)
+    name: str = Field(min_length=1, max_length=253)
+
+
+class NodePoolRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str = Field(pattern=DNS_LABEL)
+    name: str = Field(min_length=1, max_length=253)
+    # Where the Agents it selects live (the InfraEnv's namespace); None = every namespace.
+    agent_namespace: str | None = Field(default=None, pattern=DNS_LABEL)
+
+
+# ---------------------------------------------------------------------------------------------
+# ClusterOrder facts and status
+
+
+class BareMetalNodeRequest(BaseModel):
+    """One bare-metal entry of `spec.nodeRequests`; its name is its instance type."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    instance_type: str
+    count: int = Field(ge=0)
+
+
+class OrderFacts(BaseModel):
+    """The non-secret parts of a ClusterOrder (never the pull secret)."""
+
+    order: OrderRef
+    uid: str
+    generation: int | None = None
+    release_image: str | None = None
+    ssh_public_key_set: bool = False
+    pull_secret_set: bool = False
+    network_attachment: NetworkAttachmentRef | None = None
+    node_sets: list[BareMetalNodeRequest] = Field(default_factory=list)
+    # Bare-metal node requests that break the conventions (duplicate or malformed instance type),
+    # described without tenant data; such entries are left out of node_sets.
+    invalid_node_requests: list[str] = Field(default_factory=list)
+    cluster_reference: ClusterReference | None = None
+    deleting: bool = False
+    management_state: ManagementState = ManagementState.MANAGED
+
+    @property
+    def unmanaged(self) -> bool:
+        return self.management_state == ManagementState.UNMANAGED
+
+
+class WaitClusterReferenceInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    # None: wait until the activity's own timeout or cancellation.
+    deadline: datetime | None = None
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware_deadline(cls, value: datetime | None) -> datetime | None:
+        return _aware(value) if value is not None else None
+
+
+class Condition(BaseModel):
+    """A metav1.Condition as the workflows state it; the activity sets lastTransitionTime."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str = Field(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+        r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+    )
+    status: ConditionStatus
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+
+
+class PublishStatusInput(BaseModel):
+    order: OrderRef
+    workers: list[WorkerStatus]
+    desired: int = Field(ge=0)
+    current: int = Field(ge=0)
+    ready: int = Field(ge=0)
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class PublishStatusResult(BaseModel):
+    # False when the ClusterOrder no longer exists (nothing to publish to).
+    order_found: bool = True
+    # False when the status already said exactly this (no write was made).
+    changed: bool = False
+    # How many optimistic-concurrency conflicts were retried inside the activity.
+    conflicts_retried: int = 0
+
+
+class EventInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    reason: EventReason
+    message: str = Field(max_length=1024)
+    type: EventType = EventType.NORMAL
+    # Makes the Event idempotent: the same key for the same order and reason writes one Event,
+    # however often the activity is retried. None: every call writes a new Event.
+    key: str | None = Field(default=None, max_length=253)
+
+
+class EventResult(BaseModel):
+    emitted: bool
+    name: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# InfraEnv
+
+
+class EnsureInfraEnvResult(BaseModel):
+    infraenv: InfraEnvRef
+    created: bool  # the InfraEnv was created by this call (emit InfraEnvCreated)
+    secret_created: bool
+    # An existing object was patched back to what the order asks for (drift, or adopted).
+    updated: bool = False
+
+
+class InfraEnvReady(BaseModel):
+    infraenv: InfraEnvRef
+    image_created: bool
+
+
+class InfraEnvProgress(BaseModel):
+    """Heartbeat details of wait_infraenv_ready: condition text with URLs removed."""
+
+    infraenv: str
+    found: bool
+    ignition_url_set: bool = False
+    image_created_status: str | None = None
+    image_created_reason: str | None = None
+    image_created_message: str | None = None
+    observed_via: str = "watch"
+
+
+# ---------------------------------------------------------------------------------------------
+# Agents
+
+
+class WaitAgentInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    infraenv: InfraEnvRef
+    order: OrderRef
+    macs: list[str] = Field(min_length=1)
+    # Absolute, so a retried activity does not extend the registration timeout.
+    deadline: datetime
+
+    @field_validator("macs")
+    @classmethod
+    def _normalize_macs(cls, value: list[str]) -> list[str]:
+        return sorted({normalize_mac(mac) for mac in value})
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware_deadline(cls, value: datetime) -> datetime:
+        return _aware(value)
+
+
+class AgentMatchProgress(BaseModel):
+    """Heartbeat details of wait_agent_for_macs."""
+
+    infraenv: str
+    agents_in_infraenv: int
+    matching_agents: int
+    observed_via: str = "watch"
+
+
+class HandAgentInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agent: AgentRef
+    nodepool: NodePoolRef
+    worker: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
+    hostname: str | None = Field(default=None, max_length=253)
+
+
+class HandAgentResult(BaseModel):
+    agent: AgentRef
+    # The labels the Agent carries for its NodePool and slot (non-secret, for operators).
+    labels: dict[str, str]
+    changed: bool
+
+
+class WaitAgentInstalledInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agent: AgentRef
+    deadline: datetime
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware_deadline(cls, value: datetime) -> datetime:
+        return _aware(value)
+
+
+class AgentProgress(BaseModel):
+    """Heartbeat details of the Agent waits: state and stage, nothing secret."""
+
+    agent: str
+    found: bool = True
+    state: str | None = None
+    stage: str | None = None
+    claimed: bool = False
+    bound: bool = False
+    installed: bool = False
+    observed_via: str = "watch"
+
+
+class AgentInstalled(BaseModel):
+    agent: AgentRef
+    state: str | None = None
+    machine_ref: str | None = None
+
+
+class MarkRemovingResult(BaseModel):
+    agent: AgentRef
+    found: bool
+    changed: bool
+
+
+class WaitAgentUnboundInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    agent: AgentRef
+    deadline: datetime
+
+    @field_validator("deadline")
+    @classmethod
+    def _aware_deadline(cls, value: datetime) -> datetime:
+        return _aware(value)
+
+
+class AgentUnbound(BaseModel):
+    agent: AgentRef
+    gone: bool = False
+    was_claimed: bool = False
+    state: str | None = None
+
+
+class DeleteResult(BaseModel):
+    # True when the object was already gone (NotFound counts as success).
+    already_gone: bool
+
+
+class DeleteInfraEnvResult(BaseModel):
+    infraenv_already_gone: bool
+    secret_already_gone: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# NodePools and Machines
+
+
+class ReplicaSync(BaseModel):
+    nodepool: NodePoolRef
+    # False when the NodePool is gone (e.g. the hosted cluster was torn down): nothing to scale.
+    nodepool_found: bool = True
+    replicas: int
+    previous: int | None = None
+    changed: bool = False
+    # Agents counted (names only), for operators.
+    agents: list[str] = Field(default_factory=list)
+    conflicts_retried: int = 0
+
+
+class MachineAnnotation(BaseModel):
+    agent: AgentRef
+    # None when no Machine runs on this Agent (nothing to do).
+    machine: str | None = None
+    machine_namespace: str | None = None
+    changed: bool = False

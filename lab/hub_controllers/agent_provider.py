@@ -1,0 +1,439 @@
+"""The HyperShift agent platform: NodePool replicas -> CAPI Machines -> claimed Agents.
+
+Per NodePool with `spec.platform.agent.agentLabelSelector` (Machines and Agents live in the
+NodePool's namespace):
+
+- scale up: create Machines (`<nodepool>-<5 chars>`, labels `hypershift.openshift.io/nodePool` and
+  `cluster.x-k8s.io/cluster-name`) until there are `spec.replicas`; each pending Machine claims one
+  Agent that matches the selector and is approved, `Validated=True`, `Connected=True`, `Bound=False`
+  and not being deleted, by a compare-and-swap update (PUT with the Agent's resourceVersion) that
+  sets label `agentMachineRef=<machine>` and `spec.clusterDeploymentName = {name: <clusterName>,
+  namespace: <nodepool namespace>}`; then the Machine gets `spec.providerID: agent://<agent>`.
+- scale down: victims are Machines annotated `cluster.x-k8s.io/delete-machine` first, then Machines
+  without a joined node, then random (seeded); each victim's Agent is unbound (label and
+  `clusterDeploymentName` removed, never deleted) and the Machine deleted.
+- an Agent that is deleted (or stops being claimed) takes its Machine with it; CAPI then creates a
+  replacement if replicas still ask for it. A claimed Agent whose Machine vanished is released.
+- `status.replicas` counts claimed Agents that reached `added-to-existing-cluster` (HyperShift
+  reports the MachineDeployment's available replicas, i.e. joined nodes); Machines show
+  `status.phase` and `status.nodeRef` once their node joined.
+
+The in-memory expectations (`_creating`, `_claimed`) cover the moments where the watch caches lag
+behind this controller's own writes, so a stale cache can never create a Machine twice or claim a
+second Agent for one Machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import string
+from typing import Any
+
+from lab.hub_controllers.agent_status import now_rfc3339
+from lab.hub_controllers.constants import (
+    AgentConditionType,
+    Annotation,
+    ConditionStatus,
+    EventType,
+    HostState,
+    Label,
+    MachinePhase,
+    NodePoolConditionType,
+)
+from lab.hub_controllers.events import EventRecorder
+from lab.hub_controllers.informer import Informer
+from lab.hub_controllers.kube import ApiError, KubeApi, Obj, WatchEventType, key_of, split_key
+from lab.hub_controllers.registration import host_state_of
+from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS, ApiResource
+from lab.hub_controllers.selectors import selector_matches
+from lab.hub_controllers.workqueue import Controller
+
+log = logging.getLogger(__name__)
+
+PROVIDER_ID_PREFIX = "agent://"
+_EXPECTATION_TTL_S = 30.0
+
+
+def _condition(agent: Obj, kind: AgentConditionType) -> str | None:
+    for cond in agent.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind.value:
+            return str(cond.get("status"))
+    return None
+
+
+def claimable(agent: Obj) -> bool:
+    """The provider's eligibility rule (osac-reference.md §5)."""
+    m = agent.get("metadata", {})
+    return (
+        not m.get("deletionTimestamp")
+        and not (m.get("labels") or {}).get(Label.AGENT_MACHINE_REF.value)
+        and bool(agent.get("spec", {}).get("approved"))
+        and _condition(agent, AgentConditionType.VALIDATED) == ConditionStatus.TRUE.value
+        and _condition(agent, AgentConditionType.CONNECTED) == ConditionStatus.TRUE.value
+        and _condition(agent, AgentConditionType.BOUND) == ConditionStatus.FALSE.value
+    )
+
+
+def _provider_agent(machine: Obj) -> str | None:
+    provider_id = str(machine.get("spec", {}).get("providerID") or "")
+    return provider_id[len(PROVIDER_ID_PREFIX) :] if provider_id.startswith(PROVIDER_ID_PREFIX) else None
+
+
+def _name(obj: Obj) -> str:
+    return str(obj["metadata"]["name"])
+
+
+class NodePoolController(Controller):
+    name = "hypershift-agent-provider"
+    workers = 1  # one writer per namespace's Agents keeps claims simple; the CAS still guards them
+
+    def __init__(
+        self,
+        api: KubeApi,
+        node_pools: Informer,
+        agents: Informer,
+        machines: Informer,
+        *,
+        events: EventRecorder,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self._api, self._node_pools, self._agents, self._machines = api, node_pools, agents, machines
+        self._events = events
+        self._rng = random.Random(seed)
+        self._creating: dict[
+            str, tuple[str, float]
+        ] = {}  # machine key -> (pool key, loop time), until cached
+        self._deleted: dict[str, float] = {}  # machine key -> loop time deleted, until the cache drops it
+        self._claimed: dict[str, str] = {}  # machine key -> agent name, authoritative over a lagging cache
+        self._status_subresource: dict[ApiResource, bool] = {}
+        self.watch(node_pools)
+        self.watch(machines, self._pool_of_machine)
+        self.watch(agents, self._pools_for_agent)
+
+    # -- event mapping ---------------------------------------------------------------------------
+    def _pool_of_machine(self, _kind: WatchEventType, machine: Obj) -> list[str]:
+        m = machine.get("metadata", {})
+        pool = (m.get("labels") or {}).get(Label.NODEPOOL.value)
+        return [f"{m.get('namespace')}/{pool}"] if pool else []
+
+    def _pools_for_agent(self, _kind: WatchEventType, agent: Obj) -> list[str]:
+        m = agent.get("metadata", {})
+        namespace = str(m.get("namespace", ""))
+        keys = [key_of(np) for np in self._node_pools.in_namespace(namespace)]
+        ref = (m.get("labels") or {}).get(Label.AGENT_MACHINE_REF.value)
+        machine = self._machines.get(f"{namespace}/{ref}") if ref else None
+        if machine is not None:
+            keys.extend(self._pool_of_machine(_kind, machine))
+        return keys
+
+    # -- reconcile -------------------------------------------------------------------------------
+    async def reconcile(self, key: str) -> float | None:
+        namespace, pool_name = split_key(key)
+        ns = namespace or ""
+        now = asyncio.get_running_loop().time()
+        self._expire(now)
+        node_pool = self._node_pools.get(key)
+        live = [
+            m
+            for m in self._machines.in_namespace(ns)
+            if (m["metadata"].get("labels") or {}).get(Label.NODEPOOL.value) == pool_name
+            and key_of(m) not in self._deleted
+        ]
+        for m in live:
+            self._creating.pop(key_of(m), None)
+        agents = {_name(a): a for a in self._agents.in_namespace(ns)}
+        retry: float | None = None
+
+        # 1. Machines whose Agent is gone, being deleted, or no longer claimed by them.
+        for machine in list(live):
+            agent_name = self._agent_name(machine)
+            if agent_name is None:
+                continue
+            agent = agents.get(agent_name)
+            lost = agent is None or bool(agent["metadata"].get("deletionTimestamp"))
+            if not lost and agent is not None and self._claimed.get(key_of(machine)) != agent_name:
+                lost = (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value) != _name(
+                    machine
+                )
+            if lost:
+                await self._delete_machine(machine, now)
+                live.remove(machine)
+
+        # 2. Claims pointing at Machines that no longer exist (e.g. a Machine deleted by hand).
+        await self._release_orphans(ns, agents)
+
+        desired = 0
+        selector: dict[str, Any] | None = None
+        if node_pool is not None and not node_pool["metadata"].get("deletionTimestamp"):
+            desired = int(node_pool.get("spec", {}).get("replicas") or 0)
+            selector = ((node_pool.get("spec", {}).get("platform") or {}).get("agent") or {}).get(
+                "agentLabelSelector"
+            )
+            if not selector:
+                desired = 0  # not an agent NodePool (or misconfigured): never touch Agents for it
+
+        pending_creates = [k for k, (pool, _) in self._creating.items() if pool == key]
+        count = len(live) + len(pending_creates)
+
+        # 3. Scale down.
+        if count > desired:
+            for machine in self._victims(live, count - desired, agents):
+                await self._release(machine, agents.get(self._agent_name(machine) or ""))
+                await self._delete_machine(machine, now)
+                live.remove(machine)
+        # 4. Scale up.
+        elif count < desired and node_pool is not None:
+            for _ in range(desired - count):
+                await self._create_machine(node_pool, now)
+
+        # 5. Pending Machines claim Agents.
+        if selector and node_pool is not None:
+            taken = set(self._claimed.values())
+            for machine in live:
+                if _provider_agent(machine) is not None:
+                    continue
+                known = self._claimed.get(key_of(machine))
+                if known is not None:  # claimed, but the providerID write failed or is not cached yet
+                    await self._set_provider_id(machine, known)
+                    continue
+                adopted = await self._adopt(machine, agents)
+                if adopted is not None:
+                    taken.add(adopted)
+                    continue
+                claimed = await self._claim(node_pool, machine, selector, agents, taken)
+                if claimed is None:
+                    retry = 1.0 if retry is None else retry  # also re-driven by Agent events
+                else:
+                    taken.add(claimed)
+
+        # 6. Machine and NodePool status.
+        ready = 0
+        for machine in live:
+            agent = agents.get(self._agent_name(machine) or "")
+            if agent is not None and host_state_of(agent) is HostState.ADDED_TO_EXISTING_CLUSTER:
+                ready += 1
+            await self._write_machine_status(machine, agent)
+        if node_pool is not None:
+            await self._write_pool_status(node_pool, ready, desired)
+        return retry
+
+    def _expire(self, now: float) -> None:
+        for k in [k for k, (_, t) in self._creating.items() if now - t > _EXPECTATION_TTL_S]:
+            del self._creating[k]
+        for k in [k for k, t in self._deleted.items() if now - t > _EXPECTATION_TTL_S]:
+            del self._deleted[k]
+        for k in [k for k in self._deleted if self._machines.get(k) is None]:
+            del self._deleted[k]
+        # Claims are only made for cached Machines, so a claim whose Machine left the cache is over.
+        for k in [k for k in self._claimed if self._machines.get(k) is None]:
+            del self._claimed[k]
+
+    def _agent_name(self, machine: Obj) -> str | None:
+        return _provider_agent(machine) or self._claimed.get(key_of(machine))
+
+    def _victims(self, live: list[Obj], count: int, agents: dict[str, Obj]) -> list[Obj]:
+        def joined(machine: Obj) -> bool:
+            agent = agents.get(self._agent_name(machine) or "")
+            return agent is not None and host_state_of(agent) is HostState.ADDED_TO_EXISTING_CLUSTER
+
+        marked = [
+            m for m in live if Annotation.DELETE_MACHINE.value in (m["metadata"].get("annotations") or {})
+        ]
+        rest = [m for m in live if m not in marked]
+        unhealthy = [m for m in rest if not joined(m)]
+        healthy = [m for m in rest if joined(m)]
+        for group in (marked, unhealthy, healthy):
+            group.sort(key=_name)
+            self._rng.shuffle(group)
+        return (marked + unhealthy + healthy)[:count]
+
+    # -- writes ----------------------------------------------------------------------------------
+    async def _create_machine(self, node_pool: Obj, now: float) -> None:
+        m = node_pool["metadata"]
+        cluster = str(node_pool.get("spec", {}).get("clusterName") or m["name"])
+        suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+        name = f"{m['name']}-{suffix}"
+        body: Obj = {
+            "metadata": {
+                "name": name,
+                "namespace": m["namespace"],
+                "labels": {Label.NODEPOOL.value: m["name"], Label.CAPI_CLUSTER_NAME.value: cluster},
+            },
+            "spec": {
+                "clusterName": cluster,
+                "bootstrap": {"dataSecretName": f"user-data-{m['name']}"},
+                "infrastructureRef": {
+                    "apiVersion": "capi-provider.agent-install.openshift.io/v1beta1",
+                    "kind": "AgentMachine",
+                    "name": name,
+                    "namespace": m["namespace"],
+                },
+            },
+        }
+        await self._api.create(MACHINES, body)
+        self._creating[f"{m['namespace']}/{name}"] = (key_of(node_pool), now)
+
+    async def _delete_machine(self, machine: Obj, now: float) -> None:
+        m = machine["metadata"]
+        await self._api.delete(MACHINES, m.get("namespace"), m["name"], uid=m.get("uid"))
+        self._deleted[key_of(machine)] = now
+        self._claimed.pop(key_of(machine), None)
+
+    async def _adopt(self, machine: Obj, agents: dict[str, Obj]) -> str | None:
+        """An Agent already claimed for this Machine (we stopped between claim and providerID)."""
+        for agent in agents.values():
+            if (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value) == _name(machine):
+                await self._set_provider_id(machine, _name(agent))
+                return _name(agent)
+        return None
+
+    async def _set_provider_id(self, machine: Obj, agent_name: str) -> None:
+        self._claimed[key_of(machine)] = agent_name
+        await self._api.patch(
+            MACHINES,
+            machine["metadata"].get("namespace"),
+            _name(machine),
+            {"spec": {"providerID": f"{PROVIDER_ID_PREFIX}{agent_name}"}},
+        )
+
+    async def _claim(
+        self, node_pool: Obj, machine: Obj, selector: dict[str, Any], agents: dict[str, Obj], taken: set[str]
+    ) -> str | None:
+        np_meta = node_pool["metadata"]
+        cluster = str(node_pool.get("spec", {}).get("clusterName") or np_meta["name"])
+        candidates = sorted(
+            (
+                a
+                for a in agents.values()
+                if _name(a) not in taken
+                and claimable(a)
+                and selector_matches(selector, a["metadata"].get("labels") or {})
+            ),
+            key=lambda a: (str(a["metadata"].get("creationTimestamp", "")), _name(a)),
+        )
+        for agent in candidates:
+            claimed = dict(agent)
+            claimed["metadata"] = {
+                **agent["metadata"],
+                "labels": {
+                    **(agent["metadata"].get("labels") or {}),
+                    Label.AGENT_MACHINE_REF.value: _name(machine),
+                },
+            }
+            claimed["spec"] = {
+                **agent.get("spec", {}),
+                "clusterDeploymentName": {"name": cluster, "namespace": np_meta["namespace"]},
+            }
+            try:
+                await self._api.replace(AGENTS, claimed)  # carries the cached resourceVersion: CAS
+            except ApiError as exc:
+                if exc.is_conflict or exc.is_not_found:
+                    continue  # someone changed or removed it first; try the next one
+                raise
+            await self._set_provider_id(machine, _name(agent))
+            await self._events.emit(
+                node_pool,
+                EventType.NORMAL,
+                "AgentClaimed",
+                f"Machine {_name(machine)} claimed Agent {_name(agent)}",
+            )
+            return _name(agent)
+        return None
+
+    async def _release(self, machine: Obj, agent: Obj | None) -> None:
+        if agent is None:
+            return
+        m = agent["metadata"]
+        machine_name = _name(machine)
+
+        def unbind(fresh: Obj) -> Obj | None:
+            labels = fresh["metadata"].get("labels") or {}
+            if labels.get(Label.AGENT_MACHINE_REF.value) != machine_name:
+                return None  # not ours (any more)
+            fresh["metadata"]["labels"] = {
+                k: v for k, v in labels.items() if k != Label.AGENT_MACHINE_REF.value
+            }
+            fresh.setdefault("spec", {}).pop("clusterDeploymentName", None)
+            return fresh
+
+        await self._api.mutate(AGENTS, m.get("namespace"), m["name"], unbind)
+
+    async def _release_orphans(self, namespace: str, agents: dict[str, Obj]) -> None:
+        for agent in agents.values():
+            ref = (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value)
+            if not ref:
+                continue
+            machine_key = f"{namespace}/{ref}"
+            if self._machines.get(machine_key) is not None or machine_key in self._creating:
+                continue
+            if machine_key in self._claimed:
+                continue  # claimed a moment ago; the Machine cache has not caught up
+            await self._release({"metadata": {"name": ref, "namespace": namespace}}, agent)
+
+    async def _write_status(self, res: ApiResource, obj: Obj, status: dict[str, Any]) -> None:
+        """Merge-patch status, through the status subresource when the server has one."""
+        m = obj["metadata"]
+        if self._status_subresource.get(res) is not False:
+            try:
+                await self._api.patch(
+                    res, m.get("namespace"), m["name"], {"status": status}, subresource="status"
+                )
+                self._status_subresource[res] = True
+                return
+            except ApiError as exc:
+                if not exc.is_not_found:
+                    raise
+                if await self._api.get(res, m.get("namespace"), m["name"]) is None:
+                    return  # the object itself is gone
+                self._status_subresource[res] = False  # served without a status subresource
+        try:
+            await self._api.patch(res, m.get("namespace"), m["name"], {"status": status})
+        except ApiError as exc:
+            if not exc.is_not_found:
+                raise
+
+    async def _write_machine_status(self, machine: Obj, agent: Obj | None) -> None:
+        status: dict[str, Any] = {"phase": MachinePhase.PENDING.value}
+        if agent is not None:
+            joined = host_state_of(agent) is HostState.ADDED_TO_EXISTING_CLUSTER
+            status["phase"] = (MachinePhase.RUNNING if joined else MachinePhase.PROVISIONING).value
+            if joined:
+                hostname = agent.get("spec", {}).get("hostname") or (
+                    (agent.get("status", {}).get("inventory") or {}).get("hostname") or _name(agent)
+                )
+                status["nodeRef"] = {"apiVersion": "v1", "kind": "Node", "name": hostname}
+        current = machine.get("status") or {}
+        if all(current.get(k) == v for k, v in status.items()):
+            return
+        await self._write_status(MACHINES, machine, status)
+
+    async def _write_pool_status(self, node_pool: Obj, ready: int, desired: int) -> None:
+        current = node_pool.get("status") or {}
+        ok = ready == desired
+        condition = {
+            "type": NodePoolConditionType.READY.value,
+            "status": (ConditionStatus.TRUE if ok else ConditionStatus.FALSE).value,
+            "reason": "AsExpected" if ok else "WaitingForAvailableMachines",
+            "message": "" if ok else f"{ready} of {desired} machines are available",
+        }
+        old = next(
+            (
+                c
+                for c in current.get("conditions") or []
+                if c.get("type") == NodePoolConditionType.READY.value
+            ),
+            None,
+        )
+        if (
+            current.get("replicas") == ready
+            and old is not None
+            and all(old.get(k) == v for k, v in condition.items())
+        ):
+            return
+        stamp = old.get("lastTransitionTime") if old and old.get("status") == condition["status"] else None
+        condition["lastTransitionTime"] = stamp or now_rfc3339()
+        await self._write_status(NODE_POOLS, node_pool, {"replicas": ready, "conditions": [condition]})

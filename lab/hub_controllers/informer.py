@@ -1,0 +1,186 @@
+"""List-and-watch caches of hub objects, one per kind, shared by every controller.
+
+Semantics follow client-go's reflector: list, then watch from the list's resourceVersion; when a
+watch ends normally resume from the last seen resourceVersion (bookmarks included); on 410 Gone or a
+broken connection re-list and replay the difference as events, so no change is ever missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+
+import httpx
+
+from lab.hub_controllers.kube import ApiError, KubeApi, Obj, WatchEventType, key_of
+from lab.hub_controllers.resources import ApiResource
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[WatchEventType, Obj], None]
+
+
+class Informer:
+    def __init__(
+        self,
+        api: KubeApi,
+        resource: ApiResource,
+        *,
+        watch_timeout_s: int = 240,
+        min_backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+    ) -> None:
+        self.api = api
+        self.resource = resource
+        self.resource_version = ""
+        self._cache: dict[str, Obj] = {}
+        self._handlers: list[Handler] = []
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._watch_timeout_s = watch_timeout_s
+        self._min_backoff_s = min_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self.relists = 0  # observable by tests: how often the cache was rebuilt
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get(self, key: str) -> Obj | None:
+        return self._cache.get(key)
+
+    def items(self) -> list[Obj]:
+        return list(self._cache.values())
+
+    def in_namespace(self, namespace: str) -> list[Obj]:
+        return [o for o in self._cache.values() if o.get("metadata", {}).get("namespace") == namespace]
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def add_handler(self, handler: Handler) -> None:
+        self._handlers.append(handler)
+        for obj in self._cache.values():  # late subscribers see the current world
+            self._dispatch(handler, WatchEventType.ADDED, obj)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"informer-{self.resource.plural}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        backoff = self._min_backoff_s
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    items, rv = await self.api.list(self.resource)
+                    self._replace(items, rv)
+                    need_list = False
+                    backoff = self._min_backoff_s
+                async for event in self.api.watch(
+                    self.resource, self.resource_version, self._watch_timeout_s
+                ):
+                    backoff = self._min_backoff_s
+                    self._apply(event.type, event.object)
+                # A normal end (server-side timeout): resume from the last resourceVersion.
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                need_list = True
+                if exc.is_gone:
+                    log.debug("%s watch expired (410); re-listing", self.resource.plural)
+                    continue
+                log.warning("%s list/watch failed: %s", self.resource.plural, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+            except (httpx.HTTPError, ValueError) as exc:
+                need_list = True
+                log.debug("%s watch disconnected (%r); re-listing", self.resource.plural, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+
+    # -- cache maintenance -----------------------------------------------------------------------
+    def _replace(self, items: Iterable[Obj], resource_version: str) -> None:
+        self.relists += 1
+        fresh = {key_of(o): o for o in items}
+        gone = [k for k in self._cache if k not in fresh]
+        for key in gone:
+            self._notify(WatchEventType.DELETED, self._cache.pop(key))
+        for key, obj in fresh.items():
+            previous = self._cache.get(key)
+            self._cache[key] = obj
+            if previous is None:
+                self._notify(WatchEventType.ADDED, obj)
+            elif _rv(previous) != _rv(obj):
+                self._notify(WatchEventType.MODIFIED, obj)
+        self.resource_version = resource_version
+        self._synced.set()
+
+    def _apply(self, kind: WatchEventType, obj: Obj) -> None:
+        rv = _rv(obj)
+        if rv:
+            self.resource_version = rv
+        if kind is WatchEventType.BOOKMARK:
+            return
+        key = key_of(obj)
+        if kind is WatchEventType.DELETED:
+            self._cache.pop(key, None)
+        else:
+            self._cache[key] = obj
+        self._notify(kind, obj)
+
+    def _notify(self, kind: WatchEventType, obj: Obj) -> None:
+        for handler in self._handlers:
+            self._dispatch(handler, kind, obj)
+
+    @staticmethod
+    def _dispatch(handler: Handler, kind: WatchEventType, obj: Obj) -> None:
+        try:
+            handler(kind, obj)
+        except Exception:  # a broken handler must not stop the cache
+            log.exception("informer handler failed")
+
+
+def _rv(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+class InformerSet:
+    """One informer per kind, created on first use and shared by all controllers."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self._informers: dict[ApiResource, Informer] = {}
+        self._started = False
+
+    def get(self, resource: ApiResource) -> Informer:
+        informer = self._informers.get(resource)
+        if informer is None:
+            informer = self._informers[resource] = Informer(self.api, resource)
+            if self._started:
+                informer.start()
+        return informer
+
+    def start(self) -> None:
+        self._started = True
+        for informer in self._informers.values():
+            informer.start()
+
+    async def stop(self) -> None:
+        for informer in self._informers.values():
+            await informer.stop()
+
+    async def wait_synced(self) -> None:
+        for informer in list(self._informers.values()):
+            await informer.wait_synced()

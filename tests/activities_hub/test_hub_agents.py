@@ -1,0 +1,411 @@
+"""Agent activities on the bare hub API, where each test writes Agents, NodePools and Machines itself
+to pin exact situations: MAC correlation, hand-off labels, level-based replicas, unbinding."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.kube import AGENTS, dig
+from contracts.hub import (
+    AgentRef,
+    HandAgentInput,
+    HubErrorType,
+    InfraEnvRef,
+    NodePoolRef,
+    WaitAgentInput,
+    WaitAgentInstalledInput,
+    WaitAgentUnboundInput,
+)
+from contracts.refs import OrderRef
+
+SELECTOR = {"osac.openshift.io/clusterorder": "order-1", "osac.openshift.io/resource_class": "small"}
+
+
+def wait_input(api, macs: list[str], seconds: float = 30) -> WaitAgentInput:
+    order = OrderRef(namespace=api.ns, name="order-1")
+    return WaitAgentInput(
+        infraenv=InfraEnvRef.for_order(order),
+        order=order,
+        macs=macs,
+        deadline=datetime.now(UTC) + timedelta(seconds=seconds),
+    )
+
+
+def deadline(seconds: float) -> datetime:
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+# ---------------------------------------------------------------------------------------------
+# MAC correlation
+
+
+async def test_agent_registering_later_is_found_by_any_mac_spelling(api, api_assisted, kit):
+    macs = kit.random_macs(2)
+    run = kit.run()
+    # The BMI reports uppercase dash form; the Agent reports lowercase colon form.
+    spelled = [m.upper().replace(":", "-") for m in macs]
+    task = asyncio.create_task(run(api_assisted.wait_agent_for_macs, wait_input(api, spelled)))
+    await run.first_heartbeat()
+    assert not task.done()
+    # Noise: another InfraEnv's Agent with the same MAC, and an Agent of another order.
+    api.agent("other-infraenv", macs[:1], infraenv="order-2-infraenv")
+    api.agent("other-order", macs[:1], labels={"osac.openshift.io/clusterorder": "order-2"})
+    api.agent("unrelated", kit.random_macs(2))
+    api.agent("host-a", macs)
+    agent = await asyncio.wait_for(task, 30)
+    assert agent == AgentRef(namespace=api.ns, name="host-a")
+    beat = run.heartbeats[0][0]
+    assert set(beat) >= {"infraenv", "agents_in_infraenv", "matching_agents"}
+
+
+async def test_bond_mac_reported_on_a_second_nic_matches(api, api_assisted, kit):
+    bmi_nics = kit.random_macs(3)
+    # The host reports a bond carrying the BMI's third NIC MAC, in uppercase, as its second interface.
+    api.agent("bonded", [kit.random_macs(1)[0], bmi_nics[2].upper()])
+    agent = await kit.run()(api_assisted.wait_agent_for_macs, wait_input(api, bmi_nics))
+    assert agent.name == "bonded"
+
+
+async def test_two_agents_with_a_bmi_mac_are_ambiguous_and_never_returned(api, api_assisted, kit):
+    macs = kit.random_macs(2)
+    api.agent("twin-1", [macs[0]])
+    api.agent("twin-2", [kit.random_macs(1)[0], macs[1]])
+    with pytest.raises(ApplicationError) as ambiguous:
+        await kit.run()(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    error = ambiguous.value
+    assert error.type == HubErrorType.AMBIGUOUS_AGENT_MATCH == "AmbiguousAgentMatch"
+    assert error.non_retryable
+    assert error.details[0]["agents"] == ["twin-1", "twin-2"]  # for operators
+    assert macs[0] not in str(error)
+    for name in ("twin-1", "twin-2"):  # neither was touched
+        assert api.get("Agent", name)["spec"]["approved"] is False
+
+
+async def test_no_agent_by_the_deadline_times_out_and_a_retry_does_not_extend_it(api, api_assisted, kit):
+    request = wait_input(api, kit.random_macs(1), seconds=0.5)
+    api.agent("someone-else", kit.random_macs(1))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ApplicationError) as timeout:
+        await kit.run()(api_assisted.wait_agent_for_macs, request)
+    assert timeout.value.type == HubErrorType.AGENT_REGISTRATION_TIMEOUT and timeout.value.non_retryable
+    assert loop.time() - started >= 0.4
+    assert timeout.value.details[0]["agents_in_infraenv"] == 1
+    # A retried attempt with the same (absolute) deadline fails at once instead of waiting again.
+    started = loop.time()
+    with pytest.raises(ApplicationError):
+        await kit.run()(api_assisted.wait_agent_for_macs, request)
+    assert loop.time() - started < 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-off and level-based replicas
+
+
+async def test_hand_off_applies_the_nodepools_selector_and_never_binds(api, api_assisted, kit):
+    api.nodepool("np", SELECTOR)
+    api.agent("host-a", kit.random_macs())
+    request = HandAgentInput(
+        agent=AgentRef(namespace=api.ns, name="host-a"),
+        nodepool=NodePoolRef(namespace=api.ns, name="np"),
+        worker="order-1-worker-0",
+        hostname="order-1-worker-0",
+    )
+    result = await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert result.changed
+    agent = api.get("Agent", "host-a")
+    kit.validate("Agent", agent)
+    labels = agent["metadata"]["labels"]
+    assert {k: labels.get(k) for k in SELECTOR} == SELECTOR
+    assert labels["osac.openshift.io/worker"] == "order-1-worker-0"
+    assert agent["spec"]["approved"] is True and agent["spec"]["role"] == "worker"
+    assert agent["spec"]["hostname"] == "order-1-worker-0"
+    assert "clusterDeploymentName" not in agent["spec"]
+
+    again = await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert not again.changed
+
+    # An Agent handed to another slot is never taken over.
+    with pytest.raises(ApplicationError) as taken:
+        await kit.run()(
+            api_assisted.hand_agent_to_nodepool, request.model_copy(update={"worker": "order-1-worker-9"})
+        )
+    assert taken.value.type == HubErrorType.AGENT_OWNED_ELSEWHERE and taken.value.non_retryable
+
+
+async def test_hand_off_needs_a_nodepool_with_a_selector(api, api_assisted, kit):
+    api.agent("host-a", kit.random_macs())
+    request = HandAgentInput(
+        agent=AgentRef(namespace=api.ns, name="host-a"),
+        nodepool=NodePoolRef(namespace=api.ns, name="missing"),
+        worker="w",
+    )
+    with pytest.raises(ApplicationError) as missing:
+        await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert missing.value.type == HubErrorType.NODEPOOL_NOT_FOUND and not missing.value.non_retryable
+
+    api.nodepool("empty", {})
+    with pytest.raises(ApplicationError) as no_selector:
+        await kit.run()(
+            api_assisted.hand_agent_to_nodepool,
+            request.model_copy(update={"nodepool": NodePoolRef(namespace=api.ns, name="empty")}),
+        )
+    assert no_selector.value.type == HubErrorType.NODEPOOL_SELECTOR_INVALID
+    assert api.get("Agent", "host-a")["spec"]["approved"] is False
+
+
+async def test_concurrent_hand_offs_and_syncs_converge_on_the_level(
+    api, api_hub, api_assisted, api_hub_acts, kit
+):
+    api.nodepool("np", SELECTOR)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    for i in range(5):
+        api.agent(f"host-{i}", kit.random_macs())
+    # Noise that must not count: selector labels but not approved, and another pool's Agent.
+    api.agent("unapproved", kit.random_macs(), labels=SELECTOR)
+    api.agent(
+        "elsewhere",
+        kit.random_macs(),
+        labels={**SELECTOR, "osac.openshift.io/resource_class": "big"},
+        approved=True,
+    )
+    # Every NodePool write of the workers conflicts at first, as under a busy provider.
+    faults = {
+        "errors": [
+            {
+                "code": 409,
+                "verbs": ["patch"],
+                "resources": ["nodepools"],
+                "users": [kit.worker_user],
+                "limit": 4,
+            }
+        ]
+    }
+    api.set_faults(faults)
+
+    async def worker(i: int) -> int:
+        await kit.run()(
+            api_assisted.hand_agent_to_nodepool,
+            HandAgentInput(
+                agent=AgentRef(namespace=api.ns, name=f"host-{i}"), nodepool=pool, worker=f"w-{i}"
+            ),
+        )
+        return (await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)).conflicts_retried
+
+    try:
+        conflicts = await asyncio.gather(*(worker(i) for i in range(5)))
+    finally:
+        api.clear_faults()
+    assert sum(conflicts) >= 4
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 5
+    # Syncing again is a no-op; its answer lists who counts.
+    settled = await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)
+    assert not settled.changed and settled.replicas == 5 and settled.agents == [f"host-{i}" for i in range(5)]
+
+    # Two leave: marked removing, they stop counting (again computed, not decremented).
+    for i in (1, 3):
+        marked = await kit.run()(
+            api_assisted.mark_agent_removing, AgentRef(namespace=api.ns, name=f"host-{i}")
+        )
+        assert marked.changed
+    syncs = await asyncio.gather(*(kit.run()(api_hub_acts.sync_nodepool_replicas, pool) for _ in range(3)))
+    assert {s.replicas for s in syncs} == {3}
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 3
+    kit.validate("NodePool", api.get("NodePool", "np"))
+
+    gone = await kit.run()(api_hub_acts.sync_nodepool_replicas, NodePoolRef(namespace=api.ns, name="absent"))
+    assert not gone.nodepool_found
+
+
+# ---------------------------------------------------------------------------------------------
+# Scale-down: the Machine, unbinding, deletion
+
+
+def machine(api, name: str, agent: str) -> dict:
+    return api.create(
+        "Machine",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "clusterName": "cluster",
+                "bootstrap": {"dataSecretName": "none"},
+                "infrastructureRef": {
+                    "apiVersion": "capi-provider.agent-install.openshift.io/v1beta1",
+                    "kind": "AgentMachine",
+                    "name": name,
+                },
+                "providerID": f"agent://{agent}",
+            },
+        },
+    )
+
+
+async def test_annotate_machine_for_deletion(api, api_hub_acts, kit):
+    machine(api, "np-abcde", "host-a")
+    machine(api, "np-fghij", "host-b")
+    ref = AgentRef(namespace=api.ns, name="host-a")
+    result = await kit.run()(api_hub_acts.annotate_machine_for_deletion, ref)
+    assert result.machine == "np-abcde" and result.changed
+    annotated = api.get("Machine", "np-abcde")["metadata"]["annotations"]
+    assert annotated["cluster.x-k8s.io/delete-machine"] == "true"
+    assert "annotations" not in api.get("Machine", "np-fghij")["metadata"] or not api.get(
+        "Machine", "np-fghij"
+    )["metadata"]["annotations"].get("cluster.x-k8s.io/delete-machine")
+    assert not (await kit.run()(api_hub_acts.annotate_machine_for_deletion, ref)).changed
+    nothing = await kit.run()(
+        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="x")
+    )
+    assert nothing.machine is None
+
+
+def claim(api, name: str) -> None:
+    api.patch(
+        "Agent",
+        name,
+        {
+            "metadata": {"labels": {"agentMachineRef": f"m-{name}"}},
+            "spec": {"clusterDeploymentName": {"name": "cluster", "namespace": api.ns}},
+        },
+    )
+    api.patch(
+        "Agent",
+        name,
+        {
+            "status": {
+                "debugInfo": {"state": "added-to-existing-cluster"},
+                "conditions": [{"type": "Bound", "status": "True", "reason": "Bound"}],
+            }
+        },
+        status=True,
+    )
+
+
+async def test_wait_agent_unbound(api, api_assisted, api_kube, kit):
+    ref = AgentRef(namespace=api.ns, name="host-a")
+    api.agent("host-a", kit.random_macs())
+    never = await kit.run()(
+        api_assisted.wait_agent_unbound, WaitAgentUnboundInput(agent=ref, deadline=deadline(30))
+    )
+    assert not never.was_claimed and not never.gone  # never claimed: unbound at once
+
+    claim(api, "host-a")
+    run = kit.run()
+    task = asyncio.create_task(
+        run(api_assisted.wait_agent_unbound, WaitAgentUnboundInput(agent=ref, deadline=deadline(30)))
+    )
+    await run.first_heartbeat()
+    # The provider releases it: clusterDeploymentName cleared first, the state follows.
+    api.patch(
+        "Agent",
+        "host-a",
+        {"metadata": {"labels": {"agentMachineRef": None}}, "spec": {"clusterDeploymentName": None}},
+    )
+    informer = api_kube.informer(AGENTS)
+    # Until the activity's own cache has seen the release, then past one more heartbeat of it.
+    await informer.wait(
+        lambda: None if dig(informer.get(api.ns, "host-a") or {}, "spec", "clusterDeploymentName") else True,
+        deadline=deadline(30),
+    )
+    seen = len(run.heartbeats)
+    await informer.wait(
+        lambda: True if len(run.heartbeats) > seen else None, deadline=deadline(30), tick_seconds=0.05
+    )
+    assert not task.done()  # released, but the state still says installed: not yet unbound
+    api.patch(
+        "Agent", "host-a", {"status": {"debugInfo": {"state": "unbinding-pending-user-action"}}}, status=True
+    )
+    result = await asyncio.wait_for(task, 30)
+    assert result.was_claimed and result.state == "unbinding-pending-user-action"
+    assert "added-to-existing-cluster" in {h[0]["state"] for h in run.heartbeats}
+
+    claim(api, "host-a")
+    with pytest.raises(ApplicationError) as stuck:
+        await kit.run()(
+            api_assisted.wait_agent_unbound, WaitAgentUnboundInput(agent=ref, deadline=deadline(0.5))
+        )
+    assert stuck.value.type == HubErrorType.AGENT_UNBINDING_TIMEOUT and stuck.value.non_retryable
+
+    deleted = await kit.run()(api_assisted.delete_agent, ref)
+    assert not deleted.already_gone
+    gone = await kit.run()(
+        api_assisted.wait_agent_unbound, WaitAgentUnboundInput(agent=ref, deadline=deadline(30))
+    )
+    assert gone.gone
+    assert (await kit.run()(api_assisted.delete_agent, ref)).already_gone
+    assert not (await kit.run()(api_assisted.mark_agent_removing, ref)).found
+
+
+async def test_wait_agent_installed_reports_failures_and_deadline(api, api_assisted, kit):
+    ref = AgentRef(namespace=api.ns, name="host-a")
+    api.agent("host-a", kit.random_macs())
+    run = kit.run()
+    task = asyncio.create_task(
+        run(api_assisted.wait_agent_installed, WaitAgentInstalledInput(agent=ref, deadline=deadline(30)))
+    )
+    await run.first_heartbeat()
+    api.patch(
+        "Agent",
+        "host-a",
+        {"status": {"debugInfo": {"state": "error"}, "progress": {"currentStage": "Writing image to disk"}}},
+        status=True,
+    )
+    with pytest.raises(ApplicationError) as failed:
+        await asyncio.wait_for(task, 30)
+    assert failed.value.type == HubErrorType.AGENT_INSTALL_FAILED and failed.value.non_retryable
+    assert failed.value.details[0]["state"] == "error"
+    assert failed.value.details[0]["stage"] == "Writing image to disk"
+    assert {"state", "stage", "claimed", "bound", "installed"} <= set(run.heartbeats[0][0])
+
+    api.agent("host-b", kit.random_macs())
+    with pytest.raises(ApplicationError) as late:
+        await kit.run()(
+            api_assisted.wait_agent_installed,
+            WaitAgentInstalledInput(agent=AgentRef(namespace=api.ns, name="host-b"), deadline=deadline(0.5)),
+        )
+    assert late.value.type == HubErrorType.AGENT_INSTALL_FAILED and late.value.details[0]["timeout"] is True
+
+
+async def test_hand_off_refuses_an_agent_whose_mac_appeared_twice(api, api_assisted, kit):
+    """A duplicate that registered after the correlation still stops the hand-off."""
+    api.nodepool("np", SELECTOR)
+    macs = kit.random_macs(2)
+    api.agent("host-a", macs)
+    agent = await kit.run()(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    api.agent("phantom", [macs[1], kit.random_macs(1)[0]])
+    request = HandAgentInput(agent=agent, nodepool=NodePoolRef(namespace=api.ns, name="np"), worker="w-0")
+    with pytest.raises(ApplicationError) as ambiguous:
+        await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH
+    assert ambiguous.value.details[0]["agents"] == ["host-a", "phantom"]
+    assert api.get("Agent", "host-a")["spec"]["approved"] is False
+
+
+async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
+    """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
+    macs = kit.random_macs(2)
+    api.agent("host-a", macs)
+    api.create(
+        "Agent",
+        {
+            "metadata": {
+                "name": "late",
+                "labels": {"infraenvs.agent-install.openshift.io": "order-1-infraenv"},
+            },
+            "spec": {"approved": False, "role": ""},
+        },
+    )
+    run = kit.run()
+    task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    await run.first_heartbeat()
+    run.beat.clear()
+    await asyncio.wait_for(run.beat.wait(), 30)  # a second heartbeat: still undecided
+    assert not task.done()
+    interfaces = [{"macAddress": macs[0].upper(), "flags": [], "ipV4Addresses": [], "ipV6Addresses": []}]
+    api.patch("Agent", "late", {"status": {"inventory": {"interfaces": interfaces}}}, status=True)
+    with pytest.raises(ApplicationError) as ambiguous:
+        await asyncio.wait_for(task, 30)
+    assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH

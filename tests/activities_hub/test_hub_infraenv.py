@@ -1,0 +1,307 @@
+"""InfraEnv activities: ensure (idempotent, owned, CRD-valid, drift patched), readiness, and the
+discovery ignition with its size policy. No secret in any result, heartbeat or error."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+
+import pytest
+from fastapi import FastAPI, Response
+from fastapi.responses import StreamingResponse
+from temporalio.exceptions import ApplicationError
+
+from activities.assisted import AssistedActivities
+from contracts.hub import HubErrorType, InfraEnvRef
+from contracts.refs import OrderRef
+from lab.http_server import ThreadedServer
+
+TOKEN = "IGNITION-URL-TOKEN-7f3a9c"
+
+
+def order_ref(api, name: str = "order-1") -> OrderRef:
+    return OrderRef(namespace=api.ns, name=name)
+
+
+async def test_ensure_infraenv_creates_owned_valid_objects_and_is_idempotent(lab_api, lab_assisted, kit):
+    order = lab_api.order()
+    run = kit.run()
+    first = await run(lab_assisted.ensure_infraenv, order_ref(lab_api))
+    assert first.created and first.secret_created
+    assert first.infraenv == InfraEnvRef.for_order(order_ref(lab_api))
+
+    infraenv = lab_api.get("InfraEnv", "order-1-infraenv")
+    kit.validate("InfraEnv", infraenv)
+    spec = infraenv["spec"]
+    assert spec["pullSecretRef"] == {"name": "order-1-pull-secret"}
+    assert spec["sshAuthorizedKey"] == kit.ssh_key
+    assert spec["agentLabels"] == {"osac.openshift.io/clusterorder": "order-1"}
+    assert "clusterRef" not in spec  # late binding
+    owner = infraenv["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"], o["uid"], o["controller"]) for o in owner] == [
+        ("ClusterOrder", "order-1", order["metadata"]["uid"], True)
+    ]
+    secret = lab_api.get("Secret", "order-1-pull-secret")
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"
+    assert base64.b64decode(secret["data"][".dockerconfigjson"]).decode() == kit.pull_secret
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == order["metadata"]["uid"]
+
+    resource_versions = (infraenv["metadata"]["resourceVersion"], secret["metadata"]["resourceVersion"])
+    second = await run(lab_assisted.ensure_infraenv, order_ref(lab_api))
+    assert not second.created and not second.secret_created and not second.updated
+    again = lab_api.get("InfraEnv", "order-1-infraenv")
+    assert again["spec"] == infraenv["spec"]
+    assert lab_api.get("Secret", "order-1-pull-secret")["metadata"]["resourceVersion"] == resource_versions[1]
+
+    for result in (first, second):
+        assert kit.pull_secret_marker not in kit.dumps(result)
+
+
+async def test_ensure_infraenv_adopts_and_patches_drift(api, api_assisted, kit):
+    order = api.order()
+    # Made by hand (no owner), bound to a cluster, other labels: adopted and put right.
+    api.create(
+        "InfraEnv",
+        {
+            "metadata": {"name": "order-1-infraenv", "labels": {"team": "ops"}},
+            "spec": {
+                "pullSecretRef": {"name": "other"},
+                "clusterRef": {"name": "c", "namespace": api.ns},
+                "agentLabels": {"osac.openshift.io/clusterorder": "someone-else"},
+            },
+        },
+    )
+    result = await kit.run()(api_assisted.ensure_infraenv, order_ref(api))
+    assert not result.created and result.updated and result.secret_created
+    infraenv = api.get("InfraEnv", "order-1-infraenv")
+    kit.validate("InfraEnv", infraenv)
+    assert "clusterRef" not in infraenv["spec"]
+    assert infraenv["spec"]["pullSecretRef"] == {"name": "order-1-pull-secret"}
+    assert infraenv["spec"]["agentLabels"] == {"osac.openshift.io/clusterorder": "order-1"}
+    assert [o["uid"] for o in infraenv["metadata"]["ownerReferences"]] == [order["metadata"]["uid"]]
+    assert infraenv["metadata"]["labels"] == {"team": "ops", "osac.openshift.io/clusterorder": "order-1"}
+
+    # The order's pull secret changes: the Secret follows.
+    rotated = kit.pull_secret.replace("quay.io", "registry.example.com")
+    api.patch("ClusterOrder", "order-1", {"spec": {"pullSecret": rotated}})
+    result = await kit.run()(api_assisted.ensure_infraenv, order_ref(api))
+    assert result.updated and not result.created
+    secret = api.get("Secret", "order-1-pull-secret")
+    assert base64.b64decode(secret["data"][".dockerconfigjson"]).decode() == rotated
+
+
+async def test_ensure_infraenv_needs_an_order_and_a_pull_secret(api, api_kube, http, api_assisted, kit):
+    with pytest.raises(ApplicationError) as missing:
+        await kit.run()(api_assisted.ensure_infraenv, order_ref(api, "absent"))
+    assert missing.value.type == HubErrorType.ORDER_NOT_FOUND and missing.value.non_retryable
+
+    api.create("ClusterOrder", {"metadata": {"name": "no-secret"}, "spec": {"templateID": "t"}})
+    with pytest.raises(ApplicationError) as no_secret:
+        await kit.run()(api_assisted.ensure_infraenv, order_ref(api, "no-secret"))
+    assert no_secret.value.type == HubErrorType.PULL_SECRET_MISSING and no_secret.value.non_retryable
+
+    # With a configured default the order's InfraEnv uses that pull secret.
+    encoded = base64.b64encode(kit.pull_secret.encode()).decode()
+    api.create(
+        "Secret",
+        {
+            "metadata": {"name": "default-pull"},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": encoded},
+        },
+    )
+    with_default = AssistedActivities(api_kube, http, default_pull_secret=(api.ns, "default-pull"))
+    result = await kit.run()(with_default.ensure_infraenv, order_ref(api, "no-secret"))
+    assert result.created
+    assert api.get("Secret", "no-secret-pull-secret")["data"][".dockerconfigjson"] == encoded
+
+
+async def test_wait_infraenv_ready_shows_image_created_false_then_ready(lab_api, lab_assisted, kit):
+    order = lab_api.order()
+    # The InfraEnv first, its Secret later: assisted-service reports ImageCreated=False meanwhile.
+    lab_api.create(
+        "InfraEnv",
+        {
+            "metadata": {
+                "name": "order-1-infraenv",
+                "ownerReferences": [
+                    {
+                        "apiVersion": "osac.openshift.io/v1alpha1",
+                        "kind": "ClusterOrder",
+                        "name": "order-1",
+                        "uid": order["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"pullSecretRef": {"name": "order-1-pull-secret"}},
+        },
+    )
+    run = kit.run()
+    ref = InfraEnvRef.for_order(order_ref(lab_api))
+    task = asyncio.create_task(run(lab_assisted.wait_infraenv_ready, ref))
+
+    def image_created_false() -> bool:
+        return any(h[0].get("image_created_status") == "False" for h in run.heartbeats)
+
+    while not image_created_false():
+        assert not task.done(), "ready before its pull secret existed"
+        run.beat.clear()
+        await asyncio.wait_for(run.beat.wait(), 30)
+    await kit.run()(lab_assisted.ensure_infraenv, order_ref(lab_api))  # creates the Secret
+    ready = await asyncio.wait_for(task, 30)
+    assert ready.image_created and ready.infraenv == ref
+    false_beat = next(h[0] for h in run.heartbeats if h[0].get("image_created_status") == "False")
+    assert false_beat["image_created_reason"] == "ImageCreationError"
+    text = kit.dumps(run.heartbeats) + kit.dumps(ready)
+    assert "api_key" not in text and "http" not in text and kit.pull_secret_marker not in text
+
+
+async def test_discovery_ignition_from_assisted_service(lab_api, lab_assisted, lab_kube, kit):
+    lab_api.order()
+    ref = (await kit.run()(lab_assisted.ensure_infraenv, order_ref(lab_api))).infraenv
+
+    # Not ready yet or not there: retryable, and without any URL.
+    with pytest.raises(ApplicationError) as not_ready:
+        await lab_assisted.discovery_ignition(lab_api.ns, "no-such-infraenv")
+    assert not_ready.value.type == HubErrorType.INFRAENV_NOT_READY and not not_ready.value.non_retryable
+
+    await kit.run()(lab_assisted.wait_infraenv_ready, ref)
+    text = await lab_assisted.discovery_ignition(ref.namespace, ref.name)
+    document = json.loads(text)
+    assert document["ignition"]["version"].startswith("3.")
+    assert 1000 < len(text.encode()) < 48 * 1024
+    events = lab_api.items("Event")
+    assert not [e for e in events if e["reason"] == "DiscoveryIgnitionSizeWarning"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Size policy, against a tiny local server standing in for the image service
+
+
+def _ignition_of_size(size: int) -> bytes:
+    head = b'{"ignition": {"version": "3.1.0"}, "padding": "'
+    tail = b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+@pytest.fixture(scope="module")
+def image_service() -> Iterator[str]:
+    app = FastAPI()
+
+    @app.get("/ign/{size}")
+    async def sized(size: int, api_key: str) -> Response:
+        assert api_key == TOKEN
+        return Response(_ignition_of_size(size), media_type="application/json")
+
+    @app.get("/stream/{size}")
+    async def streamed(size: int) -> StreamingResponse:  # chunked: no Content-Length
+        body = _ignition_of_size(size)
+        chunks = [body[i : i + 4096] for i in range(0, len(body), 4096)]
+
+        async def gen():
+            for chunk in chunks:
+                yield chunk
+
+        return StreamingResponse(gen(), media_type="application/json")
+
+    @app.get("/broken")
+    async def broken() -> Response:
+        return Response("boom", status_code=503)
+
+    @app.get("/not-ignition")
+    async def not_ignition() -> Response:
+        return Response("<html>login</html>", media_type="text/html")
+
+    with ThreadedServer(app) as server:
+        yield server.url
+
+
+async def _infraenv_serving(api, assisted, kit, url: str) -> InfraEnvRef:
+    if api.get("ClusterOrder", "order-1") is None:
+        api.order()
+        await kit.run()(assisted.ensure_infraenv, order_ref(api))
+    api.patch(
+        "InfraEnv",
+        "order-1-infraenv",
+        {"status": {"bootArtifacts": {"discoveryIgnitionURL": url}}},
+        status=True,
+    )
+    return InfraEnvRef.for_order(order_ref(api))
+
+
+def _size_events(api) -> list[dict]:
+    return [e for e in api.items("Event") if e["reason"] == "DiscoveryIgnitionSizeWarning"]
+
+
+async def test_ignition_above_warning_size_emits_one_warning_event(api, api_assisted, image_service, kit):
+    ref = await _infraenv_serving(api, api_assisted, kit, f"{image_service}/ign/{50 * 1024}?api_key={TOKEN}")
+    for _ in range(2):  # a retried BMI creation fetches again: still one Event
+        text = await api_assisted.discovery_ignition(ref.namespace, ref.name)
+        assert len(text.encode()) == 50 * 1024
+    events = _size_events(api)
+    assert len(events) == 1
+    order = api.get("ClusterOrder", "order-1")
+    event = events[0]
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["kind"] == "ClusterOrder"
+    assert event["involvedObject"]["uid"] == order["metadata"]["uid"]
+    assert str(50 * 1024) in event["message"] and TOKEN not in event["message"]
+
+    # Below the threshold: no further Event.
+    await _infraenv_serving(api, api_assisted, kit, f"{image_service}/ign/{20 * 1024}?api_key={TOKEN}")
+    await api_assisted.discovery_ignition(ref.namespace, ref.name)
+    assert len(_size_events(api)) == 1
+
+
+@pytest.mark.parametrize("path", ["ign", "stream"])
+async def test_ignition_above_64k_is_refused(api, api_assisted, image_service, kit, path):
+    size = 64 * 1024 + 1
+    ref = await _infraenv_serving(api, api_assisted, kit, f"{image_service}/{path}/{size}?api_key={TOKEN}")
+    with pytest.raises(ApplicationError) as refused:
+        await api_assisted.discovery_ignition(ref.namespace, ref.name)
+    error = refused.value
+    assert error.type == HubErrorType.IGNITION_TOO_LARGE == "DiscoveryIgnitionTooLarge"
+    assert error.non_retryable
+    assert error.details[0]["limit_bytes"] == 64 * 1024 and error.details[0]["size_bytes"] > 64 * 1024
+    assert TOKEN not in str(error) + repr(error.details) and image_service not in str(error) + repr(
+        error.details
+    )
+    assert len(_size_events(api)) == 1
+
+    # Exactly at the limit is accepted.
+    await _infraenv_serving(api, api_assisted, kit, f"{image_service}/{path}/{64 * 1024}?api_key={TOKEN}")
+    assert len((await api_assisted.discovery_ignition(ref.namespace, ref.name)).encode()) == 64 * 1024
+
+
+async def test_ignition_fetch_failures_are_typed_and_carry_no_url(api, api_assisted, image_service, kit):
+    ref = await _infraenv_serving(api, api_assisted, kit, f"{image_service}/broken?api_key={TOKEN}")
+    with pytest.raises(ApplicationError) as broken:
+        await api_assisted.discovery_ignition(ref.namespace, ref.name)
+    assert broken.value.type == HubErrorType.IGNITION_FETCH_FAILED and not broken.value.non_retryable
+    assert broken.value.details[0]["code"] == 503
+
+    await _infraenv_serving(api, api_assisted, kit, f"{image_service}/not-ignition?api_key={TOKEN}")
+    with pytest.raises(ApplicationError) as invalid:
+        await api_assisted.discovery_ignition(ref.namespace, ref.name)
+    assert invalid.value.type == HubErrorType.IGNITION_INVALID
+
+    await _infraenv_serving(api, api_assisted, kit, f"http://127.0.0.1:9/nothing?api_key={TOKEN}")
+    with pytest.raises(ApplicationError) as refused:
+        await api_assisted.discovery_ignition(ref.namespace, ref.name)
+    assert refused.value.type == HubErrorType.IGNITION_FETCH_FAILED and not refused.value.non_retryable
+    for error in (broken.value, invalid.value, refused.value):
+        text = str(error) + repr(error.details) + repr(error.__cause__) + repr(error.__context__)
+        assert TOKEN not in text and "127.0.0.1" not in text
+
+
+async def test_delete_infraenv_removes_both_and_tolerates_absence(api, api_assisted, kit):
+    api.order()
+    ref = (await kit.run()(api_assisted.ensure_infraenv, order_ref(api))).infraenv
+    first = await kit.run()(api_assisted.delete_infraenv, ref)
+    assert not first.infraenv_already_gone and not first.secret_already_gone
+    assert api.get("InfraEnv", ref.name) is None and api.get("Secret", ref.pull_secret_name) is None
+    second = await kit.run()(api_assisted.delete_infraenv, ref)
+    assert second.infraenv_already_gone and second.secret_already_gone

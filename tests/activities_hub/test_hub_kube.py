@@ -1,0 +1,273 @@
+"""The kube wrapper against the hub twin: typed errors and the process-wide shared watch."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from activities.kube import (
+    AGENTS,
+    CLUSTER_ORDERS,
+    SECRETS,
+    HubAlreadyExists,
+    HubAuthError,
+    HubConflict,
+    HubInvalid,
+    HubKube,
+    HubNotFound,
+    HubUnavailable,
+    WaitTimedOut,
+)
+from contracts.hub import HubErrorType, WaitAgentInput
+from lab.http_server import free_port
+from lab.hub.kubeconfig import write_kubeconfig
+from lab.hub.testing import start_hub
+
+
+async def test_errors_are_typed_and_never_carry_bodies(api, api_kube, kit):
+    with pytest.raises(HubNotFound) as missing:
+        await api_kube.get(CLUSTER_ORDERS, api.ns, "nope")
+    assert missing.value.non_retryable and missing.value.type == HubErrorType.NOT_FOUND
+
+    # 422 names the field; the rejected body (with a pull secret in it) stays out of the error.
+    with pytest.raises(HubInvalid) as invalid:
+        await api_kube.create(
+            CLUSTER_ORDERS,
+            api.ns,
+            {
+                "metadata": {"name": "bad"},
+                "spec": {"templateID": "9-not-valid", "pullSecret": kit.pull_secret},
+            },
+        )
+    assert invalid.value.non_retryable and invalid.value.type == HubErrorType.INVALID
+    assert "spec.templateID" in invalid.value.fields
+    assert kit.pull_secret_marker not in str(invalid.value) + repr(invalid.value.details)
+    assert invalid.value.__cause__ is None and invalid.value.__suppress_context__
+
+    created = await api_kube.create(
+        CLUSTER_ORDERS, api.ns, {"metadata": {"name": "o"}, "spec": {"templateID": "t"}}
+    )
+    with pytest.raises(HubAlreadyExists) as exists:
+        await api_kube.create(
+            CLUSTER_ORDERS, api.ns, {"metadata": {"name": "o"}, "spec": {"templateID": "t"}}
+        )
+    assert not exists.value.non_retryable  # a retry adopts
+
+    stale = created["metadata"]["resourceVersion"]
+    await api_kube.patch(CLUSTER_ORDERS, api.ns, "o", {"metadata": {"labels": {"a": "b"}}})
+    with pytest.raises(HubConflict) as conflict:
+        await api_kube.patch(
+            CLUSTER_ORDERS, api.ns, "o", {"metadata": {"resourceVersion": stale, "labels": {"a": "c"}}}
+        )
+    assert not conflict.value.non_retryable and conflict.value.type == HubErrorType.CONFLICT
+
+    # Secrets: a 422 on a Secret says which field, never what was in it.
+    with pytest.raises(HubInvalid) as bad_secret:
+        await api_kube.create(
+            SECRETS,
+            api.ns,
+            {"metadata": {"name": "s"}, "data": {".dockerconfigjson": "%%" + kit.pull_secret_marker}},
+        )
+    assert kit.pull_secret_marker not in str(bad_secret.value) + repr(bad_secret.value.details)
+
+    assert await api_kube.delete(CLUSTER_ORDERS, api.ns, "o") is True
+    assert await api_kube.delete(CLUSTER_ORDERS, api.ns, "o") is False  # NotFound = already gone
+
+
+async def test_server_errors_retryable_auth_errors_not(api, api_hub, api_kube, kit, tmp_path):
+    faults = {
+        "errors": [
+            {"code": 500, "verbs": ["get"], "resources": ["clusterorders"], "users": [kit.worker_user]}
+        ]
+    }
+    api.set_faults(faults)
+    try:
+        with pytest.raises(HubUnavailable) as unavailable:
+            await api_kube.get(CLUSTER_ORDERS, api.ns, "any")
+    finally:
+        api.clear_faults()
+    assert not unavailable.value.non_retryable and unavailable.value.code == 500
+
+    bad = HubKube.from_kubeconfig(str(write_kubeconfig(tmp_path / "bad", api_hub.url, "not-a-token")))
+    try:
+        with pytest.raises(HubAuthError) as unauthorized:
+            await bad.get(CLUSTER_ORDERS, api.ns, "any")
+        assert unauthorized.value.non_retryable and unauthorized.value.type == HubErrorType.UNAUTHORIZED
+    finally:
+        await bad.close()
+
+    refused = HubKube.from_kubeconfig(
+        str(write_kubeconfig(tmp_path / "down", f"http://127.0.0.1:{free_port()}", "t"))
+    )
+    try:
+        with pytest.raises(HubUnavailable) as down:
+            await refused.get(CLUSTER_ORDERS, api.ns, "any")
+        assert not down.value.non_retryable and down.value.type == HubErrorType.TRANSPORT
+    finally:
+        await refused.close()
+
+
+async def test_shared_watch_requests_do_not_grow_with_wait_length(api, api_hub, api_assisted, api_kube, kit):
+    """A wait is served by the process-wide watch: no hub calls while waiting, however long."""
+    api.agent("warm-up", kit.random_macs())
+    first = kit.run()
+    await first(api_assisted.wait_agent_for_macs, _input(api.ns, api.get("Agent", "warm-up"), kit))
+
+    async def wait_with_registration_after(delay: float, name: str) -> tuple[int, int]:
+        macs = kit.random_macs()
+        run = kit.run()
+        before = api.requests_by(kit.worker_user)
+        task = run.start(
+            api_assisted.wait_agent_for_macs,
+            WaitAgentInput.model_validate(
+                {
+                    "infraenv": _infraenv(api.ns),
+                    "order": {"namespace": api.ns, "name": "order-1"},
+                    "macs": macs[:1],
+                    "deadline": datetime.now(UTC) + timedelta(seconds=60),
+                }
+            ),
+        )
+        # Register `delay` after the activity started waiting: the subject here is the wait's length.
+        await run.first_heartbeat()
+        await asyncio.sleep(delay)
+        await asyncio.to_thread(api.agent, name, macs)
+        agent = await asyncio.wait_for(task, 30)
+        assert agent.name == name
+        return api.requests_by(kit.worker_user) - before, len(run.heartbeats)
+
+    short_calls, short_beats = await wait_with_registration_after(0.1, "short")
+    long_calls, long_beats = await wait_with_registration_after(2.5, "long")
+    assert long_beats > short_beats  # the long wait really waited (and heartbeated meanwhile)
+    # One confirming list when the match is found, whatever the wait's length.
+    assert short_calls == long_calls == 1
+
+
+async def test_many_waiters_share_one_watch(api, api_hub, api_assisted, api_kube, kit):
+    informer = api_kube.informer(AGENTS)
+    await informer.start()
+    watches_before = informer.stats.watches
+    hosts = [(f"host-{i}", kit.random_macs()) for i in range(8)]
+    runs = [kit.run() for _ in hosts]
+    tasks = [
+        asyncio.create_task(
+            run(
+                api_assisted.wait_agent_for_macs,
+                WaitAgentInput.model_validate(
+                    {
+                        "infraenv": _infraenv(api.ns),
+                        "order": {"namespace": api.ns, "name": "order-1"},
+                        "macs": macs,
+                        "deadline": datetime.now(UTC) + timedelta(seconds=60),
+                    }
+                ),
+            )
+        )
+        for run, (_, macs) in zip(runs, hosts, strict=True)
+    ]
+    before = api.requests_by(kit.worker_user)
+    for name, macs in hosts:
+        await asyncio.to_thread(api.agent, name, macs)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [r.name for r in results] == [name for name, _ in hosts]
+    # Only confirming lists when a match shows up (a second one when the confirmation saw another
+    # Agent still without its inventory); a polling wait would cost far more, one stream serves all.
+    assert before + len(hosts) <= api.requests_by(kit.worker_user) <= before + 2 * len(hosts)
+    assert informer.stats.watches == watches_before
+
+
+async def test_informer_resumes_after_cut_and_relists_after_gone(tmp_path, api):
+    Api = type(api)  # the conftest helper, bound to a hub of this test's own
+    hub = start_hub(tmp_path, watch_window=3)
+    kube = HubKube.from_kubeconfig(str(hub.kubeconfig))
+    try:
+        with httpx.Client(base_url=hub.url, headers=hub.headers(), timeout=30.0) as client:
+            api = Api(client, "default")
+
+            def create(name: str) -> None:
+                api.create("Secret", {"metadata": {"name": name}})
+
+            informer = kube.informer(SECRETS)
+            create("s0")
+            await informer.wait(lambda: informer.get("default", "s0"), tick_seconds=1)
+            lists, watches = informer.stats.lists, informer.stats.watches
+
+            # Cut the stream: the informer re-watches from its resourceVersion, no re-list.
+            api.set_faults({"closeWatchesNow": True})
+            create("s1")
+            await asyncio.wait_for(informer.wait(lambda: informer.get("default", "s1"), tick_seconds=1), 30)
+            assert informer.stats.lists == lists and informer.stats.watches > watches
+
+            # Down long enough that its resourceVersion left the watch window: 410, then a re-list.
+            await informer.stop()
+            for i in range(2, 10):
+                create(f"s{i}")
+            api.delete("Secret", "s0")
+            await informer.start()
+            await asyncio.wait_for(
+                informer.wait(
+                    lambda: (informer.get("default", "s9") and not informer.get("default", "s0")) or None
+                ),
+                30,
+            )
+            assert informer.stats.expired >= 1 and informer.stats.lists == lists + 1
+            assert {s["metadata"]["name"] for s in informer.items("default")} >= {
+                f"s{i}" for i in range(1, 10)
+            }
+    finally:
+        await kube.close()
+        hub.stop()
+
+
+async def test_wait_deadline_and_cancellation(api, api_kube, api_assisted, kit):
+    informer = api_kube.informer(AGENTS)
+    with pytest.raises(WaitTimedOut):
+        await informer.wait(
+            lambda: None, deadline=datetime.now(UTC) + timedelta(seconds=0.3), tick_seconds=0.1
+        )
+
+    run = kit.run()
+    task = asyncio.create_task(
+        run(
+            api_assisted.wait_agent_for_macs,
+            WaitAgentInput.model_validate(
+                {
+                    "infraenv": _infraenv(api.ns),
+                    "order": {"namespace": api.ns, "name": "order-1"},
+                    "macs": kit.random_macs(),
+                    "deadline": datetime.now(UTC) + timedelta(minutes=5),
+                }
+            ),
+        )
+    )
+    await run.first_heartbeat()
+    waiters = len(informer._waiters)
+    assert waiters >= 1
+    run.env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert len(informer._waiters) == waiters - 1  # the cancelled waiter left
+
+
+def _infraenv(namespace: str) -> dict[str, object]:
+    return {
+        "order": {"namespace": namespace, "name": "order-1"},
+        "namespace": namespace,
+        "name": "order-1-infraenv",
+        "pull_secret_name": "order-1-pull-secret",
+    }
+
+
+def _input(namespace: str, agent: dict, kit) -> WaitAgentInput:
+    macs = [i["macAddress"] for i in agent["status"]["inventory"]["interfaces"]]
+    return WaitAgentInput.model_validate(
+        {
+            "infraenv": _infraenv(namespace),
+            "order": {"namespace": namespace, "name": "order-1"},
+            "macs": macs,
+            "deadline": datetime.now(UTC) + timedelta(seconds=30),
+        }
+    )

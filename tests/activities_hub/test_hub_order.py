@@ -1,0 +1,283 @@
+"""ClusterOrder activities: facts, cluster reference, status publication under concurrent writers,
+and Events."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from contracts.hub import (
+    Condition,
+    ConditionStatus,
+    EventInput,
+    EventReason,
+    EventType,
+    HubErrorType,
+    ManagementState,
+    PublishStatusInput,
+    WaitClusterReferenceInput,
+)
+from contracts.refs import ClusterReference, NetworkAttachmentRef, OrderRef
+from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
+
+REFERENCE = {
+    "namespace": "hosted-ns",
+    "hostedClusterName": "order-1",
+    "roleBindingName": "order-1-admin",
+    "serviceAccountName": "order-1-admin",
+}
+
+
+def ref(api, name: str = "order-1") -> OrderRef:
+    return OrderRef(namespace=api.ns, name=name)
+
+
+async def test_read_order_returns_non_secret_facts(api, api_hub_acts, kit):
+    api.create(
+        "ClusterOrder",
+        {
+            "metadata": {
+                "name": "order-1",
+                "annotations": {"osac.openshift.io/management-state": "unmanaged"},
+                "finalizers": ["test.osac.openshift.io/hold"],
+            },
+            "spec": {
+                "templateID": "ocp_4_17_small",
+                "releaseImage": kit.release_image,
+                "pullSecret": kit.pull_secret,
+                "sshPublicKey": kit.ssh_key,
+                "networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": ["sg-1", "sg-2"]},
+                "nodeRequests": [
+                    {"numberOfNodes": 2, "bareMetal": {"instanceType": "small"}},
+                    {"numberOfNodes": 1, "bareMetal": {"instanceType": "gpu-large"}},
+                    {"numberOfNodes": 5, "bareMetal": {"instanceType": "small"}},  # duplicate
+                    {"numberOfNodes": 1, "bareMetal": {"instanceType": "Not_A_Label"}},
+                    {"numberOfNodes": 3, "resourceClass": "vm-class"},  # not bare metal
+                ],
+            },
+        },
+    )
+    api.patch("ClusterOrder", "order-1", {"status": {"clusterReference": REFERENCE}}, status=True)
+    facts = await kit.run()(api_hub_acts.read_order, ref(api))
+    assert facts.uid == api.get("ClusterOrder", "order-1")["metadata"]["uid"]
+    assert facts.release_image == kit.release_image
+    assert facts.pull_secret_set and facts.ssh_public_key_set
+    assert facts.network_attachment == NetworkAttachmentRef(
+        subnet="subnet-a", security_groups=("sg-1", "sg-2")
+    )
+    assert [(n.name, n.instance_type, n.count) for n in facts.node_sets] == [
+        ("small", "small", 2),
+        ("gpu-large", "gpu-large", 1),
+    ]
+    assert len(facts.invalid_node_requests) == 2
+    assert "nodeRequests[2]" in facts.invalid_node_requests[0]
+    assert facts.cluster_reference == ClusterReference(namespace="hosted-ns", hosted_cluster_name="order-1")
+    assert facts.management_state == ManagementState.UNMANAGED and facts.unmanaged
+    assert not facts.deleting
+    assert kit.pull_secret_marker not in kit.dumps(facts)
+
+    api.delete("ClusterOrder", "order-1")  # held by its finalizer: being deleted
+    assert (await kit.run()(api_hub_acts.read_order, ref(api))).deleting
+
+    with pytest.raises(ApplicationError) as missing:
+        await kit.run()(api_hub_acts.read_order, ref(api, "absent"))
+    assert missing.value.type == HubErrorType.ORDER_NOT_FOUND and missing.value.non_retryable
+
+
+async def test_wait_cluster_reference(api, api_hub_acts, kit):
+    api.order()
+    run = kit.run()
+    task = run.start(api_hub_acts.wait_cluster_reference, WaitClusterReferenceInput(order=ref(api)))
+    await run.first_heartbeat()
+    assert not task.done()
+    api.patch("ClusterOrder", "order-1", {"status": {"clusterReference": REFERENCE}}, status=True)
+    reference = await asyncio.wait_for(task, 30)
+    assert reference == ClusterReference(namespace="hosted-ns", hosted_cluster_name="order-1")
+    assert run.heartbeats[0][0]["cluster_reference_set"] is False
+    assert kit.pull_secret_marker not in kit.dumps(run.heartbeats)
+
+    api.order("order-2")
+    soon = datetime.now(UTC) + timedelta(seconds=0.5)
+    with pytest.raises(ApplicationError) as late:
+        await kit.run()(
+            api_hub_acts.wait_cluster_reference,
+            WaitClusterReferenceInput(order=ref(api, "order-2"), deadline=soon),
+        )
+    assert late.value.type == HubErrorType.CLUSTER_REFERENCE_TIMEOUT and late.value.non_retryable
+
+    with pytest.raises(ApplicationError) as missing:
+        await kit.run()(
+            api_hub_acts.wait_cluster_reference, WaitClusterReferenceInput(order=ref(api, "absent"))
+        )
+    assert missing.value.type == HubErrorType.ORDER_NOT_FOUND
+
+
+def workers() -> list[WorkerStatus]:
+    return [
+        WorkerStatus(node_set="small", name="order-1-worker-0", resource_id="bmi-0", phase=WorkerPhase.READY),
+        WorkerStatus(
+            node_set="small",
+            name="order-1-worker-1",
+            phase=WorkerPhase.FAILED,
+            attempt_count=2,
+            last_failure_reason=FailureReason.AGENT_REGISTRATION_TIMEOUT,
+            last_failure_message="The host did not register for installation in time; retrying.",
+            last_failure_time=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+            next_retry_time=datetime(2026, 1, 2, 3, 9, 5, tzinfo=UTC),
+        ),
+    ]
+
+
+def publish_input(api, **changes) -> PublishStatusInput:
+    values = {
+        "order": ref(api),
+        "workers": workers(),
+        "desired": 2,
+        "current": 2,
+        "ready": 1,
+        "conditions": [
+            Condition(type="InfraEnvReady", status=ConditionStatus.TRUE, reason="InfraEnvReady"),
+            Condition(type="WorkersFailed", status=ConditionStatus.FALSE, reason="NoFailures"),
+        ],
+    }
+    values.update(changes)
+    return PublishStatusInput(**values)
+
+
+async def test_publish_order_status_keeps_other_fields_under_a_concurrent_writer(api, api_hub_acts, kit):
+    api.order()
+    old = "2020-01-01T00:00:00Z"
+    foreign = {
+        "type": "ClusterAvailable",
+        "status": "True",
+        "reason": "AsExpected",
+        "message": "",
+        "lastTransitionTime": old,
+    }
+    api.patch(
+        "ClusterOrder",
+        "order-1",
+        {
+            "status": {
+                "phase": "Progressing",
+                "clusterReference": REFERENCE,
+                "conditions": [
+                    foreign,
+                    {
+                        "type": "InfraEnvReady",
+                        "status": "True",
+                        "reason": "Earlier",
+                        "message": "",
+                        "lastTransitionTime": old,
+                    },
+                    {
+                        "type": "WorkersFailed",
+                        "status": "True",
+                        "reason": "ProvisioningFailed",
+                        "message": "",
+                        "lastTransitionTime": old,
+                    },
+                ],
+            }
+        },
+        status=True,
+    )
+    # The first writes of the workers' user conflict, and a real writer changes status meanwhile.
+    api.set_faults(
+        {
+            "errors": [
+                {
+                    "code": 409,
+                    "verbs": ["patch"],
+                    "resources": ["clusterorders/status"],
+                    "users": [kit.worker_user],
+                    "limit": 3,
+                }
+            ]
+        }
+    )
+    stop = threading.Event()
+
+    writes: list[int] = []
+
+    def other_writer() -> None:  # another controller, writing a few times a second
+        while True:
+            phase = ["Progressing", "Ready"][len(writes) % 2]
+            api.patch("ClusterOrder", "order-1", {"status": {"phase": phase}}, status=True)
+            writes.append(1)
+            if stop.wait(0.03):
+                return
+
+    writer = threading.Thread(target=other_writer, daemon=True)
+    writer.start()
+    try:
+        result = await kit.run()(api_hub_acts.publish_order_status, publish_input(api))
+    finally:
+        stop.set()
+        writer.join(30)
+        api.clear_faults()
+    assert result.order_found and result.changed and result.conflicts_retried >= 3 and writes
+
+    order = api.get("ClusterOrder", "order-1")
+    kit.validate("ClusterOrder", order)
+    status = order["status"]
+    assert status["phase"] in ("Progressing", "Ready")
+    assert status["clusterReference"] == REFERENCE
+    assert [w["name"] for w in status["workers"]] == ["order-1-worker-0", "order-1-worker-1"]
+    assert status["workers"][1]["lastFailureReason"] == "AgentRegistrationTimeout"
+    assert status["workers"][1]["attemptCount"] == 2 and status["workers"][0]["resourceID"] == "bmi-0"
+    assert (status["desiredWorkers"], status["currentWorkers"], status["readyWorkers"]) == (2, 2, 1)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["ClusterAvailable"] == foreign
+    # Same status: the transition time stays; a changed status gets a new one.
+    assert conditions["InfraEnvReady"]["lastTransitionTime"] == old
+    assert conditions["InfraEnvReady"]["reason"] == "InfraEnvReady"
+    assert conditions["WorkersFailed"]["status"] == "False"
+    assert conditions["WorkersFailed"]["lastTransitionTime"] != old
+
+    # Publishing the same again writes nothing.
+    again = await kit.run()(api_hub_acts.publish_order_status, publish_input(api))
+    assert not again.changed
+    assert (
+        api.get("ClusterOrder", "order-1")["metadata"]["resourceVersion"]
+        == order["metadata"]["resourceVersion"]
+    )
+
+    gone = await kit.run()(api_hub_acts.publish_order_status, publish_input(api, order=ref(api, "absent")))
+    assert not gone.order_found
+
+
+async def test_emit_event(api, api_hub_acts, kit):
+    order = api.order()
+    keyed = EventInput(
+        order=ref(api),
+        reason=EventReason.WORKER_READY,
+        message="Worker order-1-worker-0 is ready.",
+        key="order-1-worker-0/attempt-1",
+    )
+    first = await kit.run()(api_hub_acts.emit_event, keyed)
+    second = await kit.run()(api_hub_acts.emit_event, keyed)
+    assert first.emitted and first.name == second.name
+    warning = EventInput(
+        order=ref(api), reason=EventReason.WORKER_FAILED, message="A worker failed.", type=EventType.WARNING
+    )
+    for _ in range(2):
+        assert (await kit.run()(api_hub_acts.emit_event, warning)).emitted
+    events = api.items("Event")
+    assert sorted(e["reason"] for e in events) == ["WorkerFailed", "WorkerFailed", "WorkerReady"]
+    ready = next(e for e in events if e["reason"] == "WorkerReady")
+    assert ready["type"] == "Normal" and ready["message"] == keyed.message
+    involved = ready["involvedObject"]
+    assert (involved["kind"], involved["name"], involved["namespace"], involved["uid"]) == (
+        "ClusterOrder",
+        "order-1",
+        api.ns,
+        order["metadata"]["uid"],
+    )
+    assert ready["source"]["component"] == "osac-baremetal-workers"
+    absent = await kit.run()(api_hub_acts.emit_event, keyed.model_copy(update={"order": ref(api, "absent")}))
+    assert not absent.emitted

@@ -1,0 +1,157 @@
+"""The HyperShift agent provider: NodePool replicas claim Agents, create Machines, scale down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.hub_controllers.constants import HostState
+from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
+from lab.hub_controllers.testing import (
+    Lab,
+    condition,
+    create_infra_env,
+    fetch_ignition,
+    host_state,
+    macs_for,
+    wait_state,
+    wait_until,
+)
+
+SELECTOR = {"osac.openshift.io/clusterorder": "o1", "osac.openshift.io/resource_class": "bm-standard"}
+MACHINE_REF = "agentMachineRef"
+
+
+def _node_pool(lab: Lab, ns: str, replicas: int = 0) -> None:
+    lab.client.create(
+        NODE_POOLS,
+        {
+            "metadata": {"name": "np1", "namespace": ns},
+            "spec": {
+                "clusterName": "c1",
+                "replicas": replicas,
+                "release": {"image": "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"},
+                "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": SELECTOR}}},
+            },
+        },
+    )
+
+
+def _scale(lab: Lab, ns: str, replicas: int) -> None:
+    lab.client.patch(NODE_POOLS, ns, "np1", {"spec": {"replicas": replicas}})
+
+
+def _machines(lab: Lab, ns: str) -> list[dict[str, Any]]:
+    return lab.client.list(MACHINES, ns, selector="hypershift.openshift.io/nodePool=np1")
+
+
+def _boot_hosts(lab: Lab, ns: str, names: list[str], *, approve: bool = True) -> str:
+    """Hosts booted into an InfraEnv labelling Agents for the NodePool; returns its ignition."""
+    infra_env = create_infra_env(lab.client, ns, agent_labels=SELECTOR, auto_approve=approve)
+    ignition = fetch_ignition(lab.client, infra_env)
+    for index, name in enumerate(names):
+        lab.boot(name, macs_for(index), ignition)
+    for name in names:
+        wait_state(lab.client, ns, name, HostState.KNOWN_UNBOUND)
+    return ignition
+
+
+def _claimed(lab: Lab, ns: str) -> dict[str, str]:
+    return {
+        a["metadata"]["name"]: a["metadata"]["labels"][MACHINE_REF]
+        for a in lab.client.list(AGENTS, ns)
+        if MACHINE_REF in (a["metadata"].get("labels") or {})
+    }
+
+
+def _pool_replicas(lab: Lab, ns: str) -> int | None:
+    return ((lab.client.get(NODE_POOLS, ns, "np1") or {}).get("status") or {}).get("replicas")
+
+
+def test_scale_up_claims_installs_and_scale_down_releases_the_marked_machine(lab: Lab, ns: str) -> None:
+    _boot_hosts(lab, ns, ["host-p1", "host-p2", "host-p3"])
+    _node_pool(lab, ns)
+
+    _scale(lab, ns, 1)
+    claimed = wait_until(lambda: _claimed(lab, ns), "one claim")
+    (agent_name, machine_name), *_ = claimed.items()
+    agent = wait_state(lab.client, ns, agent_name, HostState.ADDED_TO_EXISTING_CLUSTER)
+    assert agent["spec"]["clusterDeploymentName"] == {"name": "c1", "namespace": ns}
+    assert (condition(agent, "Bound") or {}).get("status") == "True"
+    machine = lab.client.get(MACHINES, ns, machine_name)
+    assert machine is not None and machine["spec"]["providerID"] == f"agent://{agent_name}"
+    wait_until(lambda: _pool_replicas(lab, ns) == 1, "NodePool status.replicas == 1")
+    running = wait_until(
+        lambda: (
+            (m := lab.client.get(MACHINES, ns, machine_name)) and (m.get("status") or {}).get("nodeRef") and m
+        ),
+        "the Machine's nodeRef",
+    )
+    assert running["status"]["phase"] == "Running"
+
+    _scale(lab, ns, 2)
+    wait_until(lambda: len(_claimed(lab, ns)) == 2, "two claims")
+    wait_until(lambda: _pool_replicas(lab, ns) == 2, "NodePool status.replicas == 2")
+    assert len(_machines(lab, ns)) == 2
+    victim, survivor = sorted(_claimed(lab, ns).items())
+    lab.client.patch(
+        MACHINES, ns, victim[1], {"metadata": {"annotations": {"cluster.x-k8s.io/delete-machine": "yes"}}}
+    )
+
+    _scale(lab, ns, 1)
+    released = wait_state(lab.client, ns, victim[0], HostState.UNBINDING_PENDING_USER_ACTION)
+    assert MACHINE_REF not in released["metadata"].get("labels", {})
+    assert "clusterDeploymentName" not in released["spec"]
+    assert (condition(released, "Bound") or {}).get("reason") == "UnbindingPendingUserAction"
+    wait_until(lambda: lab.client.get(MACHINES, ns, victim[1]) is None, "the marked Machine to go")
+    assert [m["metadata"]["name"] for m in _machines(lab, ns)] == [survivor[1]]
+    assert _claimed(lab, ns) == {survivor[0]: survivor[1]}
+    wait_until(lambda: _pool_replicas(lab, ns) == 1, "NodePool status.replicas back to 1")
+    # The provider never deletes Agents, and never claims the released one again.
+    assert {a["metadata"]["name"] for a in lab.client.list(AGENTS, ns)} == {"host-p1", "host-p2", "host-p3"}
+
+
+def test_deleting_a_claimed_agent_deletes_its_machine_and_capi_replaces_it(lab: Lab, ns: str) -> None:
+    ignition = _boot_hosts(lab, ns, ["host-d1"])
+    _node_pool(lab, ns, replicas=1)
+    (agent_name, machine_name), *_ = wait_until(lambda: _claimed(lab, ns), "the claim").items()
+    wait_state(lab.client, ns, agent_name, HostState.ADDED_TO_EXISTING_CLUSTER)
+
+    lab.client.delete(AGENTS, ns, agent_name)
+    wait_until(
+        lambda: lab.client.get(MACHINES, ns, machine_name) is None, "the Machine of the deleted Agent to go"
+    )
+    pending = wait_until(
+        lambda: [m for m in _machines(lab, ns) if not m["spec"].get("providerID")], "a replacement Machine"
+    )
+    assert pending[0]["metadata"]["name"] != machine_name
+    wait_until(lambda: _pool_replicas(lab, ns) == 0, "NodePool status.replicas == 0")
+
+    # A new eligible host is claimed by the waiting replacement.
+    assert lab.client.list(AGENTS, ns) == []
+    lab.boot("host-d2", macs_for(5), ignition)
+    replacement = wait_state(lab.client, ns, "host-d2", HostState.ADDED_TO_EXISTING_CLUSTER)
+    assert replacement["metadata"]["labels"][MACHINE_REF] == pending[0]["metadata"]["name"]
+
+
+def test_only_approved_matching_agents_are_claimed(lab: Lab, ns: str) -> None:
+    _boot_hosts(lab, ns, ["host-e1"], approve=False)
+    other_infra_env = create_infra_env(
+        lab.client,
+        ns,
+        "other",
+        agent_labels={**SELECTOR, "osac.openshift.io/clusterorder": "o2"},
+        auto_approve=True,
+        with_secret=False,
+    )
+    lab.boot("host-e2", macs_for(7), fetch_ignition(lab.client, other_infra_env))
+    wait_state(lab.client, ns, "host-e2", HostState.KNOWN_UNBOUND)
+    _node_pool(lab, ns, replicas=1)
+    wait_until(lambda: _machines(lab, ns), "the Machine")
+
+    # Approving the matching Agent is what lets the waiting Machine claim it; the other never matches.
+    lab.client.patch(AGENTS, ns, "host-e1", {"spec": {"approved": True}})
+    claimed = wait_until(lambda: _claimed(lab, ns), "the claim")
+    assert list(claimed) == ["host-e1"]
+    wait_state(lab.client, ns, "host-e1", HostState.ADDED_TO_EXISTING_CLUSTER)
+    assert _claimed(lab, ns) == claimed
+    assert host_state(lab.client.get(AGENTS, ns, "host-e2")) == HostState.KNOWN_UNBOUND

@@ -1,0 +1,104 @@
+"""The controllers as API clients under hub faults: 500s, conflicts and cut watch streams."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.hub.testing import CONTROLLER_USER
+from lab.hub_controllers.constants import HostState
+from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
+from lab.hub_controllers.testing import (
+    Lab,
+    create_infra_env,
+    fetch_ignition,
+    lab_hub,
+    macs_for,
+    start_lab,
+    wait_state,
+    wait_until,
+)
+
+API_FAULTS = "/lab/v1/faults/api"
+SELECTOR = {"osac.openshift.io/clusterorder": "chaos", "osac.openshift.io/resource_class": "bm"}
+
+
+@pytest.fixture(scope="module")
+def chaos_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    running = start_lab(Path(tmp_path_factory.mktemp("chaos-hub")))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_cut_watches_are_resumed_and_changes_still_seen(chaos_lab: Lab) -> None:
+    lab = chaos_lab
+    ns = lab.new_namespace()
+    create_infra_env(lab.client, ns, "before")
+    response = lab.client.http.post(f"{API_FAULTS}/close-watches")
+    response.raise_for_status()
+    assert response.json()["watchesCut"] >= 1
+    create_infra_env(lab.client, ns, "after", with_secret=False)  # seen only through a new watch
+
+
+def test_everything_converges_under_api_errors_conflicts_and_watch_cuts(chaos_lab: Lab) -> None:
+    lab = chaos_lab
+    ns = lab.new_namespace()
+    faults = {
+        "seed": 11,
+        "errors": [
+            {"code": 500, "users": [CONTROLLER_USER], "rate": 0.15},
+            {"code": 409, "users": [CONTROLLER_USER], "verbs": ["update", "patch"], "rate": 0.3},
+        ],
+        "watch": {"closeRate": 0.2, "users": [CONTROLLER_USER]},
+    }
+    lab.client.http.put(API_FAULTS, json=faults).raise_for_status()
+    try:
+        infra_env = create_infra_env(lab.client, ns, agent_labels=SELECTOR, auto_approve=True)
+        ignition = fetch_ignition(lab.client, infra_env)
+        for index in range(2):
+            lab.boot(f"chaos-{index}", macs_for(index), ignition)
+        lab.client.create(
+            NODE_POOLS,
+            {
+                "metadata": {"name": "np1", "namespace": ns},
+                "spec": {
+                    "clusterName": "c1",
+                    "replicas": 2,
+                    "release": {"image": "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"},
+                    "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": SELECTOR}}},
+                },
+            },
+        )
+        for index in range(2):
+            # Retries back off up to 5 s per failure: allow a slow machine plenty of time.
+            wait_state(lab.client, ns, f"chaos-{index}", HostState.ADDED_TO_EXISTING_CLUSTER, timeout=120)
+        status = lab.client.http.get(API_FAULTS).json()
+        assert sum(status["injectedErrors"]) > 0 and status["watchesCut"] > 0  # the faults did bite
+    finally:
+        lab.client.http.delete(API_FAULTS).raise_for_status()
+
+    # Exactly one Machine per Agent despite retries, each naming the Agent that names it.
+    def consistent() -> bool:
+        machines = {m["metadata"]["name"]: m["spec"].get("providerID") for m in lab.client.list(MACHINES, ns)}
+        claims = {
+            a["metadata"]["labels"].get("agentMachineRef"): a["metadata"]["name"]
+            for a in lab.client.list(AGENTS, ns)
+        }
+        return len(machines) == 2 and machines == {m: f"agent://{a}" for m, a in claims.items()}
+
+    wait_until(consistent, "Machines and claims to agree", timeout=60)
+
+
+def test_controllers_and_agents_work_against_an_https_hub(tmp_path: Path) -> None:
+    """The demo serves https for kubectl: controllers trust the hub's CA, agents run --insecure."""
+    with lab_hub(tmp_path, tls=True) as lab:
+        assert lab.url.startswith("https://")
+        ns = lab.new_namespace()
+        infra_env = create_infra_env(lab.client, ns)
+        assert infra_env["status"]["bootArtifacts"]["discoveryIgnitionURL"].startswith("https://")
+        lab.boot("host-tls", macs_for(1), fetch_ignition(lab.client, infra_env))
+        wait_state(lab.client, ns, "host-tls", HostState.KNOWN_UNBOUND)

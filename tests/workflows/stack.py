@@ -1,0 +1,229 @@
+"""The whole product on one machine for tests: both twins over HTTP, the real activities, a worker.
+
+The twins run on their own threads (ThreadedServer); the Temporal worker runs on the test's event loop
+against the session's dev server. Tests talk to the hub with httpx and to BMaaS with httpx, exactly
+as any client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from temporalio.client import Client
+
+from contracts.refs import OrderRef
+from contracts.worker import TimingPolicy
+from contracts.workflows import NodeSetRequest
+from lab.fulfillment.testing import RunningFulfillmentTwin, start_fulfillment_twin
+from lab.fulfillment.timings import Timings
+from lab.hub_controllers.testing import Lab, start_lab
+from lab.hub_controllers.timings import AgentTimings
+from starter.api import WorkersApi
+from worker.main import run_worker
+from worker.settings import Settings
+
+T = TypeVar("T")
+
+RELEASE_IMAGE = "quay.io/openshift-release-dev/ocp-release:4.18.0-x86_64"
+PULL_SECRET = json.dumps({"auths": {"quay.io": {"auth": base64.b64encode(b"robot:sup3r-s3cret-pull").decode()}}})
+INSTANCE_TYPES = ("bm-standard", "bm-gpu")
+
+CLUSTER_ORDERS = "/apis/osac.openshift.io/v1alpha1"
+AGENT_API = "/apis/agent-install.openshift.io/v1beta1"
+
+
+def fast_policy(**overrides: Any) -> TimingPolicy:
+    """OSAC's shape with every duration in (sub)seconds so a lifecycle runs in seconds."""
+    base: dict[str, Any] = dict(
+        agent_registration_timeout=timedelta(seconds=20),
+        agent_install_timeout=timedelta(seconds=60),
+        agent_unbinding_timeout=timedelta(seconds=20),
+        transient_backoff=[timedelta(seconds=0.5), timedelta(seconds=1)],
+        transient_backoff_cap=timedelta(seconds=2),
+        no_hosts_backoff=[timedelta(seconds=1), timedelta(seconds=2)],
+        no_hosts_backoff_cap=timedelta(seconds=2),
+        registration_timeout_backoff=[timedelta(seconds=0.5)],
+        registration_timeout_backoff_cap=timedelta(seconds=1),
+        status_coalesce=timedelta(seconds=0.3),
+        prerequisite_recheck=timedelta(seconds=1),
+    )
+    base.update(overrides)
+    return TimingPolicy(**base)
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 90.0, interval: float = 0.2
+) -> T:
+    """Poll until `probe` returns something truthy; generous deadlines for a noisy 2-core machine."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+@dataclass
+class Stack:
+    fulfillment: RunningFulfillmentTwin
+    lab: Lab
+    client: Client
+    api: WorkersApi
+    settings: Settings
+    hub_http: httpx.AsyncClient
+    bmaas_http: httpx.AsyncClient
+
+    # ------------------------------------------------------------------------------- orders
+
+    async def create_order(
+        self, node_sets: dict[str, int], *, namespace: str | None = None, release_image: str = RELEASE_IMAGE
+    ) -> OrderRef:
+        namespace = namespace or f"t-{uuid.uuid4().hex[:8]}"
+        name = f"o{uuid.uuid4().hex[:8]}"
+        response = await self.hub_http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
+        if response.status_code != 409:
+            response.raise_for_status()
+        body = {
+            "apiVersion": "osac.openshift.io/v1alpha1",
+            "kind": "ClusterOrder",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "templateID": "ocp_4_18_small",
+                "releaseImage": release_image,
+                "pullSecret": PULL_SECRET,
+                "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e t@x",
+                "nodeRequests": [
+                    {"numberOfNodes": count, "bareMetal": {"instanceType": kind}} for kind, count in node_sets.items()
+                ],
+            },
+        }
+        response = await self.hub_http.post(f"{CLUSTER_ORDERS}/namespaces/{namespace}/clusterorders", json=body)
+        response.raise_for_status()
+        return OrderRef(namespace=namespace, name=name)
+
+    async def apply(self, order: OrderRef, node_sets: dict[str, int]) -> Any:
+        return await self.api.apply(
+            order,
+            [NodeSetRequest(name=k, instance_type=k, count=v) for k, v in node_sets.items()],
+            instance_types=INSTANCE_TYPES,
+        )
+
+    async def order_object(self, order: OrderRef) -> dict[str, Any]:
+        response = await self.hub_http.get(
+            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+        )
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def agents(self, namespace: str) -> list[dict[str, Any]]:
+        response = await self.hub_http.get(f"{AGENT_API}/namespaces/{namespace}/agents")
+        response.raise_for_status()
+        items: list[dict[str, Any]] = response.json()["items"]
+        return items
+
+    async def infraenvs(self, namespace: str) -> list[dict[str, Any]]:
+        response = await self.hub_http.get(f"{AGENT_API}/namespaces/{namespace}/infraenvs")
+        response.raise_for_status()
+        items: list[dict[str, Any]] = response.json()["items"]
+        return items
+
+    async def bmis(self, order: OrderRef) -> list[dict[str, Any]]:
+        response = await self.bmaas_http.get(
+            "/api/private/v1/baremetal_instances",
+            params={"filter": f"this.metadata.labels['osac.openshift.io/cluster-order'] == '{order.name}'"},
+        )
+        response.raise_for_status()
+        items: list[dict[str, Any]] = response.json().get("items") or []
+        return items
+
+    async def audit(self) -> list[dict[str, Any]]:
+        response = await self.bmaas_http.get("/lab/v1/audit")
+        response.raise_for_status()
+        records: list[dict[str, Any]] = response.json()["records"]
+        return records
+
+    async def audit_violations(self) -> list[Any]:
+        response = await self.bmaas_http.get("/lab/v1/audit/violations")
+        response.raise_for_status()
+        violations: list[Any] = response.json()["violations"]
+        return violations
+
+    async def set_bmaas_faults(self, **faults: Any) -> None:
+        (await self.bmaas_http.put("/lab/v1/faults", json=faults)).raise_for_status()
+
+    async def clear_bmaas_faults(self) -> None:
+        (await self.bmaas_http.delete("/lab/v1/faults")).raise_for_status()
+
+    async def set_agent_faults(self, faults: dict[str, Any]) -> None:
+        (await self.hub_http.put("/lab/v1/faults/agents", json=faults)).raise_for_status()
+
+    async def clear_agent_faults(self) -> None:
+        (await self.hub_http.delete("/lab/v1/faults/agents")).raise_for_status()
+
+    async def wait_ready(self, order: OrderRef, ready: int, timeout: float = 120.0) -> Any:
+        async def probe() -> Any:
+            status = await self.api.status(order)
+            return status if status.ready_workers == ready and status.current_workers == ready else None
+
+        return await eventually(probe, f"{ready} ready workers of {order.key}", timeout)
+
+    async def decommission_and_wait(self, order: OrderRef, timeout: float = 180.0) -> Any:
+        await self.api.decommission(order)
+        return await asyncio.wait_for(self.api.wait_finished(order), timeout)
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    client: Client, workdir: Path, *, hosts: int = 24, policy: TimingPolicy | None = None
+) -> AsyncIterator[Stack]:
+    lab = start_lab(workdir, AgentTimings.zero())
+    fulfillment = start_fulfillment_twin(hosts=hosts, timings=Timings(), boot_seam=lab.boot_seam)
+    token_file = workdir / "fulfillment-token"
+    token_file.write_text(fulfillment.admin_token)
+    token_file.chmod(0o600)
+    task_queue = f"osac-workers-{uuid.uuid4().hex[:6]}"
+    settings = Settings(
+        fulfillment_url=fulfillment.url,
+        fulfillment_token_file=token_file,
+        kubeconfig=lab.hub.kubeconfig,
+        task_queue=task_queue,
+        bmaas_task_queue=f"{task_queue}-bmaas",
+        bmaas_activities_per_second=None,
+        graceful_shutdown_seconds=1,
+    )
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(client, settings, stop))
+    hub_http = httpx.AsyncClient(base_url=lab.url, headers=lab.hub.headers(), timeout=30.0)
+    bmaas_http = httpx.AsyncClient(base_url=fulfillment.url, headers=fulfillment.admin_headers, timeout=30.0)
+    api = WorkersApi(
+        client,
+        task_queue=task_queue,
+        bmaas_task_queue=settings.bmaas_task_queue,
+        policy=policy or fast_policy(),
+    )
+    try:
+        yield Stack(fulfillment, lab, client, api, settings, hub_http, bmaas_http)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(worker, 30)
+        if worker.done() and not worker.cancelled() and worker.exception() is not None:
+            raise worker.exception()  # type: ignore[misc]
+        await hub_http.aclose()
+        await bmaas_http.aclose()
+        fulfillment.stop()
+        lab.stop()
