@@ -5,9 +5,11 @@ from __future__ import annotations
 import typer
 
 from lab.cli import lab_app
+from worker.cli import worker_command
 
 app = typer.Typer(help="Durable bare-metal worker provisioning for OSAC, on Temporal.", no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
+app.command("worker")(worker_command)
 
 
 @app.command()
