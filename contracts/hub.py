@@ -400,7 +400,9 @@ class HandAgentInput(BaseModel):
 
     agent: AgentRef
     nodepool: NodePoolRef
-    worker: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
+    # The worker slot's name; labelled as is when it fits a label value (63), else shortened with a
+    # hash suffix (the full name is kept in an annotation).
+    worker: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
     hostname: str | None = Field(default=None, max_length=253)
 
 

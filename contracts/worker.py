@@ -92,6 +92,8 @@ class TimingPolicy(BaseModel):
     registration_timeout_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
     registration_timeout_backoff_cap: timedelta = timedelta(minutes=30)
     attempt_reset_after_ready: timedelta = timedelta(hours=1)
+    # A wipe still running after this is shown as HostWipeStuck (the release keeps waiting).
+    wipe_stuck_after: timedelta = timedelta(minutes=30)
     # How long the cluster workflow gathers status changes before one write to the ClusterOrder.
     status_coalesce: timedelta = timedelta(seconds=2)
     # How often a cluster with a missing boot image or cluster reference looks again.
@@ -110,5 +112,5 @@ class TimingPolicy(BaseModel):
         if failures_in_a_row <= len(table):
             step = table[failures_in_a_row - 1]
         else:  # past the table, keep doubling the last step up to the cap
-            step = table[-1] * 2 ** (failures_in_a_row - len(table))
+            step = table[-1] * 2 ** min(failures_in_a_row - len(table), 16)
         return min(step, cap)

@@ -250,9 +250,7 @@ class WorkerNodeWorkflow:
         if progress.ready_since and now - progress.ready_since >= self._policy().attempt_reset_after_ready:
             progress.failures_in_a_row = 0
         progress.failures_in_a_row += 1
-        progress.status.last_failure_reason = failure.reason
-        progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
-        progress.status.last_failure_time = now
+        self._record_failure(failure)
         workflow.logger.warning("worker attempt failed: %s", failure)
         workflow.set_current_details(f"Attempt {progress.status.attempt_count} failed: {failure}")
         self._set_phase(WorkerPhase.FAILED)
@@ -292,9 +290,7 @@ class WorkerNodeWorkflow:
                 workflow.logger.warning("releasing the worker failed, will retry: %s", failure)
                 workflow.set_current_details(f"Release failed, retrying: {failure}")
                 if progress.status.phase != WorkerPhase.FAILED:
-                    progress.status.last_failure_reason = failure.reason
-                    progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
-                    progress.status.last_failure_time = workflow.now()
+                    self._record_failure(failure)
                     await self._report()
                 await workflow.sleep(self._policy().backoff(FailureReason.INTERNAL_ERROR, failures))
 
@@ -331,19 +327,44 @@ class WorkerNodeWorkflow:
                 DeleteInstanceResult,
                 summary=f"Delete BMI {slot.name} ({bmi_id})",
             )
-            await self._bmaas(
-                BmaasActivity.WAIT_INSTANCE_GONE,
-                WaitInstanceGoneInput(bmi_id=bmi_id),
-                InstanceGone,
-                summary=f"Wait until the host of {slot.name} is wiped and released",
-                wait=True,
-            )
+            await self._wait_gone(bmi_id)
         progress.bmi_id = None
         progress.macs = []
         progress.status.resource_id = None
 
+    async def _wait_gone(self, bmi_id: str) -> None:
+        """Block until BMaaS confirms the host is wiped and released. A wipe that takes too long is
+        made visible (reason HostWipeStuck, phase unchanged) but is never taken for done."""
+        _progress, slot = self._state()
+        stuck_after = self._policy().wipe_stuck_after
+        gone = asyncio.ensure_future(
+            self._bmaas(
+                BmaasActivity.WAIT_INSTANCE_GONE,
+                WaitInstanceGoneInput(bmi_id=bmi_id, stuck_after_seconds=stuck_after.total_seconds()),
+                InstanceGone,
+                summary=f"Wait until the host of {slot.name} is wiped and released",
+                wait=True,
+            )
+        )
+        try:
+            await workflow.wait_condition(gone.done, timeout=stuck_after)
+        except TimeoutError:
+            self._record_failure(AttemptFailed(FailureReason.HOST_WIPE_STUCK, f"BMI {bmi_id} still deleting"))
+            workflow.set_current_details(f"Wipe of BMI {bmi_id} is taking longer than {stuck_after}")
+            await self._report()
+        except asyncio.CancelledError:
+            gone.cancel()
+            raise
+        await gone
+
+    def _record_failure(self, failure: AttemptFailed) -> None:
+        progress, _ = self._state()
+        progress.status.last_failure_reason = failure.reason
+        progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
+        progress.status.last_failure_time = workflow.now()
+
     async def _wait_unbound(self, agent: AgentRef) -> None:
-        progress, slot = self._state()
+        _progress, slot = self._state()
         while True:
             timeout = self._policy().agent_unbinding_timeout
             try:
@@ -360,9 +381,7 @@ class WorkerNodeWorkflow:
                 if failure.reason != FailureReason.AGENT_UNBINDING_TIMEOUT:
                     raise
                 # Stay in Unbinding with the reason visible, and keep waiting.
-                progress.status.last_failure_reason = failure.reason
-                progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
-                progress.status.last_failure_time = workflow.now()
+                self._record_failure(failure)
                 await self._report()
 
     async def _bmis_of_slot(self) -> list[str]:

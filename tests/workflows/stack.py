@@ -36,7 +36,9 @@ from worker.settings import Settings
 T = TypeVar("T")
 
 RELEASE_IMAGE = "quay.io/openshift-release-dev/ocp-release:4.18.0-x86_64"
-PULL_SECRET = json.dumps({"auths": {"quay.io": {"auth": base64.b64encode(b"robot:sup3r-s3cret-pull").decode()}}})
+PULL_SECRET = json.dumps(
+    {"auths": {"quay.io": {"auth": base64.b64encode(b"robot:sup3r-s3cret-pull").decode()}}}
+)
 INSTANCE_TYPES = ("bm-standard", "bm-gpu")
 
 CLUSTER_ORDERS = "/apis/osac.openshift.io/v1alpha1"
@@ -106,11 +108,14 @@ class Stack:
                 "pullSecret": PULL_SECRET,
                 "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e t@x",
                 "nodeRequests": [
-                    {"numberOfNodes": count, "bareMetal": {"instanceType": kind}} for kind, count in node_sets.items()
+                    {"numberOfNodes": count, "bareMetal": {"instanceType": kind}}
+                    for kind, count in node_sets.items()
                 ],
             },
         }
-        response = await self.hub_http.post(f"{CLUSTER_ORDERS}/namespaces/{namespace}/clusterorders", json=body)
+        response = await self.hub_http.post(
+            f"{CLUSTER_ORDERS}/namespaces/{namespace}/clusterorders", json=body
+        )
         response.raise_for_status()
         return OrderRef(namespace=namespace, name=name)
 

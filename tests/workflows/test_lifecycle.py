@@ -4,7 +4,6 @@ scale back up, decommission; every BMI and Agent gone and every host wiped."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -14,7 +13,9 @@ from tests.workflows.stack import Stack, eventually, running_stack
 
 
 @pytest.fixture(scope="module")
-async def stack(temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+async def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
     async with running_stack(temporal_env.client, tmp_path_factory.mktemp("stack")) as running:
         yield running
 

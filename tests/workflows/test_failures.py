@@ -1,0 +1,230 @@
+"""Failure paths on the real dev server and both twins: each ends in the right state, visible in the
+workflow and on the ClusterOrder, and leaves nothing behind."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from contracts.refs import OrderRef
+from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
+from contracts.workflows import worker_workflow_id
+from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
+
+ALL = {"rate": 1.0}
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    policy = fast_policy(
+        agent_registration_timeout=timedelta(seconds=4),
+        agent_install_timeout=timedelta(seconds=30),
+        wipe_stuck_after=timedelta(seconds=2),
+    )
+    async with running_stack(
+        temporal_env.client, tmp_path_factory.mktemp("failures"), policy=policy
+    ) as running:
+        yield running
+
+
+async def _worker(stack: Stack, order: OrderRef) -> WorkerStatus | None:
+    status = await stack.api.status(order)
+    return status.workers[0] if status.workers else None
+
+
+async def _failed_with(stack: Stack, order: OrderRef, reason: FailureReason) -> WorkerStatus:
+    async def probe() -> WorkerStatus | None:
+        worker = await _worker(stack, order)
+        # next_retry_time appears once the failed attempt's host is released and the backoff began.
+        if worker and worker.last_failure_reason == reason and worker.next_retry_time is not None:
+            assert worker.phase == WorkerPhase.FAILED
+            return worker
+        return None
+
+    return await eventually(probe, f"a worker of {order.key} Failed with {reason.value}")
+
+
+async def _condition(stack: Stack, order: OrderRef, kind: str) -> dict[str, Any] | None:
+    obj = await stack.order_object(order)
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return dict(cond)
+    return None
+
+
+async def _clean_decommission(stack: Stack, order: OrderRef) -> None:
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.infraenvs(order.namespace) == []
+    assert await stack.audit_violations() == []
+
+
+async def test_no_free_hosts_backs_off_then_recovers(stack: Stack) -> None:
+    await stack.set_bmaas_faults(no_free_hosts=True)
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        failed = await _failed_with(stack, order, FailureReason.NO_HOSTS_AVAILABLE)
+        assert failed.next_retry_time is not None and failed.last_failure_time is not None
+        assert failed.next_retry_time > failed.last_failure_time
+        assert failed.last_failure_message and "host" in failed.last_failure_message.lower()
+
+        async def workers_failed_condition() -> dict[str, Any] | None:
+            cond = await _condition(stack, order, "WorkersFailed")
+            return cond if cond and cond["status"] == "True" else None
+
+        cond = await eventually(workers_failed_condition, "WorkersFailed=True on the ClusterOrder")
+        assert cond["reason"] == "ProvisioningFailed"
+        assert await stack.bmis(order) == []  # the failed BMI was released
+    finally:
+        await stack.clear_bmaas_faults()
+    status = await stack.wait_ready(order, 1)
+    assert status.workers[0].attempt_count >= 2
+    await _clean_decommission(stack, order)
+
+
+async def test_bmi_provisioning_failure_is_retried_with_a_new_bmi(stack: Stack) -> None:
+    await stack.set_bmaas_faults(provisioning_failure_rate=1.0)
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        await _failed_with(stack, order, FailureReason.BMI_PROVISIONING_FAILED)
+    finally:
+        await stack.clear_bmaas_faults()
+    status = await stack.wait_ready(order, 1)
+    assert status.workers[0].attempt_count >= 2
+    await _clean_decommission(stack, order)
+
+
+async def test_agent_that_never_registers_times_out_and_is_replaced(stack: Stack) -> None:
+    await stack.set_agent_faults({"never_register": ALL})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        first = await _failed_with(stack, order, FailureReason.AGENT_REGISTRATION_TIMEOUT)
+        assert first.attempt_count >= 1
+    finally:
+        await stack.clear_agent_faults()
+    status = await stack.wait_ready(order, 1)
+    assert status.workers[0].attempt_count >= 2
+    # The timed-out host was released and wiped before the retry took another.
+    assert await stack.audit_violations() == []
+    await _clean_decommission(stack, order)
+    assert await stack.agents(order.namespace) == []
+
+
+async def test_install_error_releases_agent_and_host_then_retries(stack: Stack) -> None:
+    await stack.set_agent_faults({"install_error": ALL})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        await _failed_with(stack, order, FailureReason.AGENT_INSTALL_FAILED)
+    finally:
+        await stack.clear_agent_faults()
+    await stack.wait_ready(order, 1)
+    await _clean_decommission(stack, order)
+    assert await stack.agents(order.namespace) == []
+
+
+async def test_duplicate_mac_is_never_bound_and_is_surfaced(stack: Stack) -> None:
+    await stack.set_agent_faults({"duplicate_mac": ALL})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        await _failed_with(stack, order, FailureReason.AMBIGUOUS_AGENT_MATCH)
+        # Neither of the look-alike Agents was handed to the NodePool or approved.
+        for agent in await stack.agents(order.namespace):
+            labels = agent["metadata"].get("labels") or {}
+            assert "osac.openshift.io/worker" not in labels
+            assert not agent["spec"].get("approved")
+            assert not agent["spec"].get("clusterDeploymentName")
+    finally:
+        await stack.clear_agent_faults()
+    await stack.wait_ready(order, 1)
+    await _clean_decommission(stack, order)
+
+
+async def test_wipe_failure_stays_deleting_and_the_host_is_never_reused(stack: Stack) -> None:
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    status = await stack.wait_ready(order, 1)
+    worker = status.workers[0]
+    await stack.set_bmaas_faults(wipe_failure_rate=1.0)
+    try:
+        await stack.api.scale_down_worker(order, worker.name)
+        handle = stack.client.get_workflow_handle(worker_workflow_id(order, worker.name))
+
+        async def stuck() -> WorkerStatus | None:
+            st: WorkerStatus = await handle.query("status", result_type=WorkerStatus)
+            ok = st.phase == WorkerPhase.DELETING and st.last_failure_reason == FailureReason.HOST_WIPE_STUCK
+            return st if ok else None
+
+        st = await eventually(stuck, "the worker Deleting with HostWipeStuck")
+        assert st.last_failure_message and worker.resource_id not in st.last_failure_message
+        # The BMI is still there (never taken for gone) and its host is quarantined for good.
+        assert worker.resource_id in {b["id"] for b in await stack.bmis(order)}
+        audit = await stack.audit()
+        quarantined = {r["host_id"] for r in audit if r["kind"] == "HOST_QUARANTINED"}
+        quarantine_seq = max(r["seq"] for r in audit if r["kind"] == "HOST_QUARANTINED")
+        failed = {
+            r["host_id"]
+            for r in audit
+            if r["kind"] == "WIPE_FAILED" and r.get("bmi_id") == worker.resource_id
+        }
+        assert failed and failed <= quarantined
+    finally:
+        await stack.clear_bmaas_faults()
+    # New work never lands on the quarantined host.
+    order2 = await stack.create_order({"bm-standard": 2})
+    await stack.apply(order2, {"bm-standard": 2})
+    await stack.wait_ready(order2, 2)
+    audit = await stack.audit()
+    reused = [
+        r
+        for r in audit
+        if r["kind"] == "HOST_ALLOCATED" and r["host_id"] in failed and r["seq"] > quarantine_seq
+    ]
+    assert reused == [], f"quarantined host allocated again: {reused}"
+    assert await stack.audit_violations() == []
+    await _clean_decommission(stack, order2)
+    await handle.terminate("test cleanup: the stuck wipe never finishes")
+    await stack.api.handle(order).terminate("test cleanup")
+
+
+async def test_missing_boot_image_creates_nothing_until_linked(stack: Stack) -> None:
+    release = "quay.io/openshift-release-dev/ocp-release:4.19.0-x86_64"
+    order = await stack.create_order({"bm-standard": 1}, release_image=release)
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def image_missing() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "RHCOSImageNotFound")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = await eventually(image_missing, "RHCOSImageNotFound=True on the ClusterOrder")
+    assert "boot image" in cond["message"]
+    status = await stack.api.status(order)
+    assert status.workers == [] and await stack.bmis(order) == []
+
+    images = (await stack.bmaas_http.get("/api/private/v1/disk_images")).json()["items"]
+    response = await stack.bmaas_http.post(
+        "/api/private/v1/cluster_versions",
+        json={
+            "metadata": {"name": "4.19.0"},
+            "spec": {"image": release, "version": "4.19.0", "disk_image": images[0]["id"]},
+        },
+    )
+    response.raise_for_status()
+    await stack.wait_ready(order, 1)
+
+    async def image_found() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "RHCOSImageNotFound")
+        return cond if cond and cond["status"] == "False" else None
+
+    await eventually(image_found, "RHCOSImageNotFound=False once linked")
+    await _clean_decommission(stack, order)
