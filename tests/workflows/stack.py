@@ -40,6 +40,7 @@ PULL_SECRET = json.dumps(
     {"auths": {"quay.io": {"auth": base64.b64encode(b"robot:sup3r-s3cret-pull").decode()}}}
 )
 INSTANCE_TYPES = ("bm-standard", "bm-gpu")
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e t@x"
 
 CLUSTER_ORDERS = "/apis/osac.openshift.io/v1alpha1"
 AGENT_API = "/apis/agent-install.openshift.io/v1beta1"
@@ -106,7 +107,7 @@ class Stack:
                 "templateID": "ocp_4_18_small",
                 "releaseImage": release_image,
                 "pullSecret": PULL_SECRET,
-                "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e t@x",
+                "sshPublicKey": SSH_KEY,
                 "nodeRequests": [
                     {"numberOfNodes": count, "bareMetal": {"instanceType": kind}}
                     for kind, count in node_sets.items()
