@@ -1,0 +1,135 @@
+"""Histories: no secret ever reaches one, and recorded histories replay clean on the current code
+while a changed workflow fails replay."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
+from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack
+from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.worker_node import WorkerNodeWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
+RECORD = os.environ.get("OSAC_RECORD_HISTORIES") == "1"
+
+
+@pytest.fixture(scope="module")
+async def lifecycle(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Stack, list[WorkflowHistory], list[str]]]:
+    """One order through scale-up, a targeted scale-down and decommission; its closed histories."""
+    async with running_stack(temporal_env.client, tmp_path_factory.mktemp("histories")) as stack:
+        order = await stack.create_order({"bm-standard": 2})
+        await stack.apply(order, {"bm-standard": 2})
+        await stack.wait_ready(order, 2)
+        infraenv = (await stack.infraenvs(order.namespace))[0]
+        ignition_url = infraenv["status"]["bootArtifacts"]["discoveryIgnitionURL"]
+        ignition = (await stack.hub_http.get(ignition_url)).text
+        await stack.api.scale_down_worker(order, order.worker_name(0))
+        await stack.decommission_and_wait(order)
+
+        query = f"OsacClusterOrder = '{order.key}'"
+
+        async def all_closed() -> bool:
+            found = [e async for e in stack.client.list_workflows(query)]
+            return len(found) >= 3 and all(e.close_time is not None for e in found)
+
+        await eventually(all_closed, "every workflow of the order closed")
+        histories: list[WorkflowHistory] = []
+        async for execution in stack.client.list_workflows(query):
+            handle = stack.client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            histories.append(await handle.fetch_history())
+        secrets = [
+            PULL_SECRET,
+            base64.b64encode(b"robot:sup3r-s3cret-pull").decode(),
+            "sup3r-s3cret",
+            stack.fulfillment.admin_token,
+            stack.lab.hub.token,
+            stack.lab.hub.controller_token,
+            ignition_url,
+            ignition[:200],
+            "PULL_SECRET_TOKEN",
+            "api_key=",
+        ]
+        yield stack, histories, secrets
+
+
+async def test_no_secret_in_any_history(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
+    _, histories, secrets = lifecycle
+    kinds = {h.workflow_id.split("/")[0] for h in histories}
+    assert kinds == {"cluster-workers", "worker"}
+    for history in histories:
+        text = history.to_json()
+        # Payloads are base64 JSON inside the history JSON: scan both the raw and decoded forms.
+        decoded = _decoded_payloads(text)
+        for secret in secrets:
+            assert secret not in text, f"a secret leaked into {history.workflow_id}"
+            assert secret not in decoded, f"a secret leaked into a payload of {history.workflow_id}"
+
+
+async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
+    _, histories, _ = lifecycle
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in histories:
+        await replayer.replay_workflow(history)
+    if RECORD:
+        HISTORIES.mkdir(exist_ok=True)
+        for history in histories:
+            kind = history.workflow_id.split("/")[0]
+            (HISTORIES / f"{kind}.json").write_text(history.to_json())
+
+
+def _recorded() -> list[WorkflowHistory]:
+    files = sorted(HISTORIES.glob("*.json"))
+    assert {f.stem for f in files} == {"cluster-workers", "worker"}, "recorded histories are missing"
+    return [WorkflowHistory.from_json(f"recorded/{f.stem}", f.read_text()) for f in files]
+
+
+async def test_recorded_histories_replay_clean() -> None:
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in _recorded():
+        await replayer.replay_workflow(history)
+
+
+async def test_changed_workflow_fails_replay() -> None:
+    worker_history = next(h for h in _recorded() if h.workflow_id.endswith("worker"))
+    replayer = Replayer(workflows=[ReorderedWorkerNodeWorkflow], data_converter=pydantic_data_converter)
+    with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(worker_history)
+
+
+def _decoded_payloads(history_json: str) -> str:
+    out: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, str) and "metadata" in node:
+                try:
+                    out.append(base64.b64decode(data).decode("utf-8", "replace"))
+                except ValueError:
+                    pass
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(history_json))
+    return "\n".join(out)
