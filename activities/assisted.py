@@ -230,6 +230,20 @@ class AssistedActivities:
         self._limit_bytes = ignition_limit_bytes
         self._ignition_timeout = ignition_timeout
 
+    def all(self) -> list[Any]:
+        """Every activity of this class, bound, for `Worker(activities=...)`."""
+        return [
+            self.ensure_infraenv,
+            self.wait_infraenv_ready,
+            self.delete_infraenv,
+            self.wait_agent_for_macs,
+            self.hand_agent_to_nodepool,
+            self.wait_agent_installed,
+            self.mark_agent_removing,
+            self.wait_agent_unbound,
+            self.delete_agent,
+        ]
+
     # -- InfraEnv ---------------------------------------------------------------------------
 
     @activity.defn(name=HubActivity.ENSURE_INFRAENV.value)

@@ -136,7 +136,7 @@ async def write_order_event(
     now = now_rfc3339()
     body = {
         "metadata": {"name": name, "namespace": namespace},
-        "involvedObject": involved,
+        "involvedObject": {k: v for k, v in involved.items() if v},
         "reason": reason.value,
         "message": message,
         "type": type_.value,
@@ -306,6 +306,17 @@ class HubActivities:
         self._kube = kube
         self._heartbeat_every = heartbeat_every
 
+    def all(self) -> list[Any]:
+        """Every activity of this class, bound, for `Worker(activities=...)`."""
+        return [
+            self.read_order,
+            self.wait_cluster_reference,
+            self.sync_nodepool_replicas,
+            self.annotate_machine_for_deletion,
+            self.publish_order_status,
+            self.emit_event,
+        ]
+
     @activity.defn(name=HubActivity.READ_ORDER.value)
     async def read_order(self, order: OrderRef) -> OrderFacts:
         """The non-secret facts of a ClusterOrder. NotFound: non-retryable OrderNotFound."""
@@ -462,24 +473,22 @@ class HubActivities:
                 return PublishStatusResult(order_found=False, conflicts_retried=conflicts)
             status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
             assert isinstance(status, dict)
-            generation = meta(obj).get("generation")
-            conditions = merge_conditions(
-                list(status.get("conditions") or []),
-                input.conditions,
-                now_rfc3339(),
-                generation if isinstance(generation, int) else None,
-            )
             wanted: dict[str, Any] = {
                 "workers": workers,
                 "desiredWorkers": input.desired,
                 "currentWorkers": input.current,
                 "readyWorkers": input.ready,
-                "conditions": conditions,
             }
+            if input.conditions:  # none given: the conditions are left exactly as they are
+                generation = meta(obj).get("generation")
+                wanted["conditions"] = merge_conditions(
+                    list(status.get("conditions") or []),
+                    input.conditions,
+                    now_rfc3339(),
+                    generation if isinstance(generation, int) else None,
+                )
             if all(status.get(k) == v for k, v in wanted.items()):
                 return PublishStatusResult(changed=False, conflicts_retried=conflicts)
-            if not conditions and "conditions" not in status:
-                del wanted["conditions"]
             patch = {"metadata": {"resourceVersion": meta(obj).get("resourceVersion")}, "status": wanted}
             try:
                 await self._kube.patch(

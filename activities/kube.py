@@ -329,6 +329,14 @@ class HubKube:
         )
         return cls(k8s_client.ApiClient(configuration), max_workers=max_workers, **kwargs)
 
+    @classmethod
+    def in_cluster(cls, *, max_workers: int = 16, **kwargs: Any) -> HubKube:
+        """The service account of a pod running on the hub itself."""
+        configuration = k8s_client.Configuration()
+        k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration.connection_pool_maxsize = max_workers + 8
+        return cls(k8s_client.ApiClient(configuration), max_workers=max_workers, **kwargs)
+
     async def close(self) -> None:
         """Stop the informers, then the pool and the connections."""
         self._closed = True

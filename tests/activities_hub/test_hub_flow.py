@@ -2,10 +2,10 @@
 correlated, handed to its NodePool and claimed by the HyperShift agent provider, installs, and is
 scaled down through the delete-machine annotation, unbound and deleted.
 
-The twin's agent provider looks for Agents in the NodePool's own namespace, while the InfraEnv (and
-so its Agents) lives in the ClusterOrder's namespace; until the twin follows the real provider (the
-HostedCluster's agent namespace), the test places a copy of the provisioned NodePool next to the
-Agents. The activities are namespace-agnostic (NodePoolRef.agent_namespace).
+The twin's agent provider claims Agents of its NodePool's own namespace, and its cluster provisioning
+puts the hosted cluster (and NodePools) in the order's namespace, where the InfraEnv and its Agents
+live. Were the NodePool elsewhere, the test would place a copy next to the Agents; the activities
+themselves are namespace-agnostic (NodePoolRef.agent_namespace).
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ async def prepare(lab, lab_api, assisted, hub_acts, kit) -> tuple[OrderRef, Infr
     cluster = await kit.run()(hub_acts.wait_cluster_reference, WaitClusterReferenceInput(order=order))
     provisioned = lab_api.get("NodePool", order.nodepool_name("small"), namespace=cluster.namespace)
     assert provisioned is not None
-    lab_api.create(
-        "NodePool", {"metadata": {"name": order.nodepool_name("small")}, "spec": provisioned["spec"]}
-    )
+    if cluster.namespace != lab_api.ns:  # the provider claims only Agents of its NodePool's namespace
+        lab_api.create(
+            "NodePool", {"metadata": {"name": order.nodepool_name("small")}, "spec": provisioned["spec"]}
+        )
     pool = NodePoolRef(namespace=lab_api.ns, name=order.nodepool_name("small"), agent_namespace=lab_api.ns)
     infraenv = (await kit.run()(assisted.ensure_infraenv, order)).infraenv
     await kit.run()(assisted.wait_infraenv_ready, infraenv)

@@ -247,6 +247,13 @@ async def test_publish_order_status_keeps_other_fields_under_a_concurrent_writer
         == order["metadata"]["resourceVersion"]
     )
 
+    # Without conditions, only workers and counts are written; the conditions stay as they are.
+    fewer = publish_input(api, conditions=[], ready=2)
+    assert (await kit.run()(api_hub_acts.publish_order_status, fewer)).changed
+    assert not (await kit.run()(api_hub_acts.publish_order_status, fewer)).changed
+    after = api.get("ClusterOrder", "order-1")["status"]
+    assert after["readyWorkers"] == 2 and after["conditions"] == status["conditions"]
+
     gone = await kit.run()(api_hub_acts.publish_order_status, publish_input(api, order=ref(api, "absent")))
     assert not gone.order_found
 
