@@ -83,6 +83,8 @@ from contracts.hub import (
     InfraEnvRef,
     MarkRemovingResult,
     NodePoolRef,
+    ReleasedAgents,
+    ReleaseStaleAgentsInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
     WaitAgentUnboundInput,
@@ -903,6 +905,28 @@ class AssistedActivities:
                 state=last.get("state"),
             ) from None
         return unbound
+
+    @activity.defn(name=HubActivity.RELEASE_STALE_AGENTS.value)
+    async def release_stale_agents(self, input: ReleaseStaleAgentsInput) -> ReleasedAgents:
+        """Delete the unclaimed registrations of a host being released (a duplicate-MAC twin, or an
+        Agent that registered after its worker stopped waiting), so a wiped host leaves nothing behind.
+        Agents that are approved, bound or handed to a worker are never touched."""
+        ref, wanted = input.infraenv, set(input.macs)
+        listing = await self._kube.list(AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}")
+        result = ReleasedAgents()
+        for agent in sorted(listing.items, key=lambda a: str(meta(a).get("name"))):
+            labels, name = labels_of(agent), str(meta(agent).get("name"))
+            if meta(agent).get("deletionTimestamp") or not agent_macs(agent) & wanted:
+                continue
+            if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
+                continue
+            spec = agent.get("spec") or {}
+            if spec.get("approved") or spec.get("clusterDeploymentName") or WORKER_LABEL in labels:
+                result.kept.append(name)
+                continue
+            await self._kube.delete(AGENTS, ref.namespace, name, uid=meta(agent).get("uid"))
+            result.deleted.append(name)
+        return result
 
     @activity.defn(name=HubActivity.DELETE_AGENT.value)
     async def delete_agent(self, agent: AgentRef) -> DeleteResult:

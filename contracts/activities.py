@@ -30,6 +30,7 @@ class HubActivity(StrEnum):
     MARK_AGENT_REMOVING = "mark_agent_removing"
     WAIT_AGENT_UNBOUND = "wait_agent_unbound"
     DELETE_AGENT = "delete_agent"
+    RELEASE_STALE_AGENTS = "release_stale_agents"
     SYNC_NODEPOOL_REPLICAS = "sync_nodepool_replicas"
     ANNOTATE_MACHINE_FOR_DELETION = "annotate_machine_for_deletion"
     PUBLISH_ORDER_STATUS = "publish_order_status"

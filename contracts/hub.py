@@ -469,6 +469,27 @@ class AgentUnbound(BaseModel):
     state: str | None = None
 
 
+class ReleaseStaleAgentsInput(BaseModel):
+    """The host with these MACs is being released: its registrations in this InfraEnv are stale."""
+
+    model_config = ConfigDict(frozen=True)
+
+    infraenv: InfraEnvRef
+    order: OrderRef
+    macs: list[str] = Field(min_length=1)
+
+    @field_validator("macs")
+    @classmethod
+    def _normalize_macs(cls, value: list[str]) -> list[str]:
+        return sorted({normalize_mac(mac) for mac in value})
+
+
+class ReleasedAgents(BaseModel):
+    deleted: list[str] = Field(default_factory=list)
+    # Matching Agents that are approved, bound or handed to a worker: never touched, for operators.
+    kept: list[str] = Field(default_factory=list)
+
+
 class DeleteResult(BaseModel):
     # True when the object was already gone (NotFound counts as success).
     already_gone: bool

@@ -10,8 +10,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from contracts.hub import Condition
-from contracts.refs import DNS_LABEL, NetworkAttachmentRef, OrderRef
+from contracts.hub import Condition, OrderFacts
+from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import TimingPolicy, WorkerPhase, WorkerStatus
 
 WORKFLOW_TASK_QUEUE = "osac-workers"
@@ -127,6 +127,10 @@ class ClusterWorkersCarried(BaseModel):
     next_index: int
     decommissioning: bool
     ignored_scale_downs: list[str] = Field(default_factory=list)
+    # What the previous run already established, so a new run does not redo it.
+    facts: OrderFacts | None = None
+    cluster: ClusterReference | None = None
+    conditions: list[Condition] = Field(default_factory=list)
 
 
 class ClusterWorkersStatus(BaseModel):

@@ -15,11 +15,25 @@ lab_app = typer.Typer(help="The lab twins of the fulfillment-service and the hub
 def serve(
     state_dir: Path = typer.Option(..., "--state-dir", help="Where endpoints.json and the token files go."),
     fulfillment_port: int = typer.Option(8100, "--fulfillment-port", help="0 picks a free port."),
+    hub_port: int = typer.Option(
+        8101, "--hub-port", min=0, max=65535, help="Hub twin port; 0 picks a free port."
+    ),
+    hub: bool = typer.Option(True, "--hub/--no-hub", help="Also run the hub twin (hosts boot into it)."),
+    hub_tls: bool = typer.Option(
+        True,
+        "--hub-tls/--hub-plain-http",
+        help="Serve the hub over https (kubectl sends tokens only over TLS).",
+    ),
+    crd_dirs: list[Path] = typer.Option(
+        [], "--crd-dir", help="Extra CRD file or directory the hub serves and enforces (repeatable)."
+    ),
     hosts: int = typer.Option(8, "--hosts", min=0, help="Seeded hosts; N // 4 of them are GPU hosts."),
     gpu_hosts: int | None = typer.Option(
         None, "--gpu-hosts", min=0, help="Override how many hosts are GPU hosts."
     ),
-    timing: TimingProfile = typer.Option(TimingProfile.DEMO, "--timing", help="Step durations profile."),
+    timing: TimingProfile = typer.Option(
+        TimingProfile.DEMO, "--timing", help="Step durations profile (both twins: BMaaS and the agents)."
+    ),
     allocation_seconds: float | None = typer.Option(
         None, "--allocation-seconds", min=0, help="Seconds: create until a host is picked."
     ),
@@ -38,7 +52,7 @@ def serve(
     seed: int = typer.Option(0, "--seed", help="Seeds the fault RNG."),
     tenant: str = typer.Option("tenant-a", "--tenant", help="Tenant of the token written to tenant-token."),
 ) -> None:
-    """Serve the fulfillment twin on 127.0.0.1 until SIGINT/SIGTERM."""
+    """Serve the fulfillment twin and the hub twin on 127.0.0.1 until SIGINT/SIGTERM."""
     # Imported here so `osac-workers --help` stays fast.
     from lab.serve import LabOptions, run_lab
 
@@ -58,9 +72,13 @@ def serve(
         timing_overrides={k: v for k, v in overrides.items() if v is not None},
         seed=seed,
         tenant=tenant,
+        hub=hub,
+        hub_port=hub_port,
+        hub_tls=hub_tls,
+        crd_dirs=crd_dirs,
     )
     try:
         run_lab(options, announce=typer.echo)
-    except RuntimeError as exc:  # e.g. the port is taken: uvicorn has already said why
+    except (RuntimeError, OSError) as exc:  # e.g. the port is taken: uvicorn has already said why
         typer.echo(f"lab serve: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -3,13 +3,18 @@ r"""`osac-workers lab serve`: run the lab twins on 127.0.0.1 until SIGINT or SIG
 Files written to `--state-dir`:
     admin-token      the fulfillment private API's admin token (random per start, mode 0600)
     tenant-token     a public-API token of tenant `tenant-a` (random per start, mode 0600)
-    endpoints.json   {"fulfillment_url": "http://127.0.0.1:8100"}; one key per running twin (the hub
-                     twin will add "hub_url"). Written last and atomically: once it exists every twin
-                     is up. Removed again on a clean stop.
+    kubeconfig       the hub twin's admin credentials (bearer token, mode 0600) for kubectl and the
+                     official client; trusts the hub's certificate when it serves https
+    hub-tls.crt/.key the hub's self-signed certificate (https only; the .crt is also its CA)
+    endpoints.json   {"fulfillment_url": "http://127.0.0.1:8100", "hub_url": "https://127.0.0.1:8101"};
+                     one key per running twin. Written last and atomically: once it exists every
+                     twin is up. Removed again on a clean stop.
 
-Composition: `LabOptions` says what to run, `start_lab(options, boot_seam=...)` starts the servers and
-writes the files, `run_lab(options)` does that and waits for a signal. A hub twin plugs in by being
-started first in `start_lab` and handing its `BootSeam` to the fulfillment twin.
+Composition: `LabOptions` says what to run, `start_lab(options)` starts the hub twin (with the
+assisted-service / HyperShift behaviour mounted, its agent timings following `--timing`), then the
+fulfillment twin with the hub's `BootSeam` (a booted host runs its discovery ignition and registers
+an Agent on the hub), and writes the files; `run_lab(options)` does that and waits for a signal.
+The hub serves https by default because kubectl only sends a token over TLS.
 
 A whole BMI life with curl (run with STATE set to the --state-dir; this exact script is tested;
 `-w '\n'` only ends each answer with a newline):
@@ -62,28 +67,48 @@ Lab knobs, same token: `curl -X PUT -H "$AUTH" "$URL/lab/v1/faults" -d '{"error_
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from lab.boot import BootSeam
 from lab.fulfillment.app import create_fulfillment_app
 from lab.fulfillment.lab import FulfillmentConfig, FulfillmentLab, new_token
 from lab.fulfillment.timings import TimingProfile, Timings
-from lab.http_server import ThreadedServer
+from lab.http_server import ThreadedServer, free_port
+from lab.hub.app import create_hub_app
+from lab.hub.config import HubConfig
+from lab.hub.kubeconfig import write_kubeconfig
+from lab.hub.testing import ADMIN_USER, CONTROLLER_USER, TlsThreadedServer
+from lab.hub.tls import openssl_available, self_signed_certificate
+from lab.hub_controllers.compose import HubBehaviour, build_hub_behaviour
+from lab.hub_controllers.timings import AgentTimings
+
+log = logging.getLogger(__name__)
 
 ENDPOINTS_FILE = "endpoints.json"
 ADMIN_TOKEN_FILE = "admin-token"
 TENANT_TOKEN_FILE = "tenant-token"
+KUBECONFIG_FILE = "kubeconfig"
 FULFILLMENT_URL_KEY = "fulfillment_url"
+HUB_URL_KEY = "hub_url"
 LAB_HOST = "127.0.0.1"
+
+AGENT_TIMINGS: dict[TimingProfile, Callable[[], AgentTimings]] = {
+    TimingProfile.DEMO: AgentTimings.demo,
+    TimingProfile.REALISTIC: AgentTimings.realistic,
+    TimingProfile.ZERO: AgentTimings.zero,
+}
 
 
 class LabOptions(BaseModel):
@@ -97,9 +122,16 @@ class LabOptions(BaseModel):
     timing_overrides: dict[str, float] = Field(default_factory=dict, description="Timings field -> seconds")
     seed: int = 0
     tenant: str = "tenant-a"
+    hub: bool = Field(default=True, description="also run the hub twin (and boot hosts into it)")
+    hub_port: int = Field(default=8101, ge=0, le=65535, description="0: any free port")
+    hub_tls: bool = Field(default=True, description="https (kubectl sends tokens only over TLS)")
+    crd_dirs: list[Path] = Field(default_factory=list, description="extra CRD files or directories")
 
     def timings(self) -> Timings:
         return Timings.for_profile(self.timing).with_overrides(self.timing_overrides)
+
+    def agent_timings(self) -> AgentTimings:
+        return AGENT_TIMINGS[self.timing]()
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -124,11 +156,30 @@ def read_endpoints(state_dir: Path) -> dict[str, Any]:
 
 
 @dataclass
+class RunningHubTwin:
+    url: str
+    app: FastAPI
+    server: ThreadedServer
+    behaviour: HubBehaviour
+    kubeconfig: Path
+    ca_file: Path | None
+
+    def stop(self) -> None:
+        self.behaviour.boot_seam.close()
+        loop = self.server.loop
+        if loop is not None and loop.is_running():
+            # Open watch streams would otherwise hold the server until their timeouts.
+            loop.call_soon_threadsafe(self.app.state.hub.begin_shutdown)
+        self.server.stop()
+
+
+@dataclass
 class RunningLab:
     options: LabOptions
     fulfillment: FulfillmentLab
     fulfillment_server: ThreadedServer
     endpoints: dict[str, str]
+    hub: RunningHubTwin | None = field(default=None)
 
     def stop(self) -> None:
         (self.options.state_dir / ENDPOINTS_FILE).unlink(missing_ok=True)
@@ -136,6 +187,46 @@ class RunningLab:
         if server.loop is not None and server.loop.is_running():
             server.call(self.fulfillment.aclose())
         server.stop()
+        # After the fulfillment twin: no host boots into a hub that is going away.
+        if self.hub is not None:
+            self.hub.stop()
+
+
+def start_hub_twin(options: LabOptions) -> RunningHubTwin:
+    """The hub twin with the lab controllers mounted, admin kubeconfig in the state dir."""
+    state_dir = options.state_dir
+    tls = options.hub_tls and openssl_available()
+    if options.hub_tls and not tls:
+        log.warning("openssl is not installed: the hub twin serves plain http (kubectl will not send tokens)")
+    port = options.hub_port or free_port(LAB_HOST)
+    url = f"{'https' if tls else 'http'}://{LAB_HOST}:{port}"
+    admin_token, controller_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    ca_file = None
+    if tls:
+        files = self_signed_certificate(state_dir)
+        ca_file = files.cert
+    behaviour = build_hub_behaviour(
+        url, controller_token, options.agent_timings(), seed=options.seed, ca_file=ca_file
+    )
+    config = HubConfig(
+        tokens={admin_token: ADMIN_USER, controller_token: CONTROLLER_USER},
+        crd_dirs=list(options.crd_dirs),
+        fault_seed=options.seed,
+    )
+    app = create_hub_app(config, routers=behaviour.routers, services=behaviour.services)
+    server: ThreadedServer
+    if tls:
+        assert ca_file is not None
+        server = TlsThreadedServer(app, ca_file, files.key, host=LAB_HOST, port=port)
+    else:
+        server = ThreadedServer(app, host=LAB_HOST, port=port)
+    server.start()
+    kubeconfig = state_dir / KUBECONFIG_FILE
+    kubeconfig.unlink(missing_ok=True)  # recreated 0600 (it holds the admin token)
+    write_kubeconfig(kubeconfig, url, admin_token, ca_file=ca_file)
+    return RunningHubTwin(
+        url=url, app=app, server=server, behaviour=behaviour, kubeconfig=kubeconfig, ca_file=ca_file
+    )
 
 
 def start_lab(options: LabOptions, *, boot_seam: BootSeam | None = None) -> RunningLab:
@@ -146,21 +237,33 @@ def start_lab(options: LabOptions, *, boot_seam: BootSeam | None = None) -> Runn
     write_secret(state_dir / ADMIN_TOKEN_FILE, admin_token)
     write_secret(state_dir / TENANT_TOKEN_FILE, tenant_token)
 
-    lab = FulfillmentLab(
-        FulfillmentConfig(
-            admin_token=admin_token,
-            tenant_tokens={tenant_token: options.tenant},
-            hosts=options.hosts,
-            gpu_hosts=options.gpu_hosts,
-            timings=options.timings(),
-            seed=options.seed,
-        ),
-        boot_seam=boot_seam,
-    )
-    server = ThreadedServer(create_fulfillment_app(lab), host=LAB_HOST, port=options.fulfillment_port).start()
+    hub = start_hub_twin(options) if options.hub else None
+    try:
+        lab = FulfillmentLab(
+            FulfillmentConfig(
+                admin_token=admin_token,
+                tenant_tokens={tenant_token: options.tenant},
+                hosts=options.hosts,
+                gpu_hosts=options.gpu_hosts,
+                timings=options.timings(),
+                seed=options.seed,
+            ),
+            boot_seam=boot_seam or (hub.behaviour.boot_seam if hub is not None else None),
+        )
+        server = ThreadedServer(
+            create_fulfillment_app(lab), host=LAB_HOST, port=options.fulfillment_port
+        ).start()
+    except BaseException:
+        if hub is not None:
+            hub.stop()
+        raise
     endpoints = {FULFILLMENT_URL_KEY: server.url}
+    if hub is not None:
+        endpoints[HUB_URL_KEY] = hub.url
     write_endpoints(state_dir, endpoints)
-    return RunningLab(options=options, fulfillment=lab, fulfillment_server=server, endpoints=endpoints)
+    return RunningLab(
+        options=options, fulfillment=lab, fulfillment_server=server, endpoints=endpoints, hub=hub
+    )
 
 
 def run_lab(
@@ -184,7 +287,10 @@ def run_lab(
         running = start_lab(options, boot_seam=boot_seam)
         try:
             announce(f"fulfillment twin: {running.endpoints[FULFILLMENT_URL_KEY]}")
-            announce(f"state: {options.state_dir} (endpoints.json, admin-token, tenant-token)")
+            if running.hub is not None:
+                announce(f"hub twin: {running.hub.url} (kubectl --kubeconfig {running.hub.kubeconfig} ...)")
+            files = "endpoints.json, admin-token, tenant-token" + (", kubeconfig" if running.hub else "")
+            announce(f"state: {options.state_dir} ({files})")
             while not stop.wait(0.5):
                 pass
         finally:

@@ -13,10 +13,13 @@ Wire contract (what a Go caller needs; JSON Schemas of every payload are in `sch
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
+from enum import StrEnum
 
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
@@ -45,6 +48,41 @@ class CommandError(Exception):
 
 class OrderNotFound(CommandError):
     pass
+
+
+class WorkflowState(StrEnum):
+    """Where an order's workers workflow stands (its latest run)."""
+
+    ABSENT = "Absent"
+    RUNNING = "Running"
+    COMPLETED = "Completed"  # decommissioned: every BMI gone, the InfraEnv deleted
+    FAILED = "Failed"
+    CANCELED = "Canceled"
+    TERMINATED = "Terminated"
+    TIMED_OUT = "TimedOut"
+
+    @property
+    def closed_abnormally(self) -> bool:
+        return self in (
+            WorkflowState.FAILED,
+            WorkflowState.CANCELED,
+            WorkflowState.TERMINATED,
+            WorkflowState.TIMED_OUT,
+        )
+
+
+_STATES = {
+    WorkflowExecutionStatus.RUNNING: WorkflowState.RUNNING,
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: WorkflowState.RUNNING,
+    WorkflowExecutionStatus.COMPLETED: WorkflowState.COMPLETED,
+    WorkflowExecutionStatus.FAILED: WorkflowState.FAILED,
+    WorkflowExecutionStatus.CANCELED: WorkflowState.CANCELED,
+    WorkflowExecutionStatus.TERMINATED: WorkflowState.TERMINATED,
+    WorkflowExecutionStatus.TIMED_OUT: WorkflowState.TIMED_OUT,
+}
+
+# A query is answered by a worker; without one it would wait for the server's long default.
+QUERY_TIMEOUT = timedelta(seconds=20)
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> CommandError:
@@ -102,11 +140,27 @@ class WorkersApi:
 
     async def status(self, order: OrderRef) -> ClusterWorkersStatus:
         try:
-            return await self.handle(order).query(ClusterWorkersWorkflow.status)
+            return await self.handle(order).query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
+            if err.status == RPCStatusCode.DEADLINE_EXCEEDED:
+                raise CommandError(
+                    f"order {order.key}: no worker answered the status query within"
+                    f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
+                    f" queue {self.task_queue}?)"
+                ) from err
             raise
+
+    async def workflow_state(self, order: OrderRef) -> WorkflowState:
+        """The latest run's state, from the server (needs no worker)."""
+        try:
+            description = await self.handle(order).describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return WorkflowState.ABSENT
+            raise
+        return _STATES.get(description.status or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
 
     async def scale(self, order: OrderRef, node_set: str, count: int) -> ClusterWorkersStatus:
         """Set one node set's count, keeping the others as they are."""

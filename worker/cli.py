@@ -1,4 +1,5 @@
-"""`osac-workers worker`: run the worker process until SIGTERM/SIGINT."""
+"""`osac-workers worker` (run the worker process until SIGTERM/SIGINT) and `osac-workers codec ...`
+(the payload codec server for the Temporal Web UI, and key generation)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,39 @@ import asyncio
 import logging
 
 import typer
+import uvicorn
 
+from worker.codec import CodecConfigError, codec_from_env, generate_key_entry
+from worker.codec_server import DEFAULT_UI_ORIGIN, create_codec_app
+from worker.health import split_bind
 from worker.main import MissingSearchAttributes, install_stop_signals, run_worker
 from worker.settings import Settings
+from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def worker_command(
     log_level: str = typer.Option("INFO", help="Python log level"),
 ) -> None:
     """Run workflows and activities (configuration from the environment: see the README)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _logging(log_level)
     settings = Settings()
+    try:
+        telemetry = setup_telemetry(settings.metrics_bind, service_name="osac-workers-worker")
+    except RuntimeError as err:  # e.g. the metrics port is taken
+        typer.echo(f"error: cannot start telemetry: {err}", err=True)
+        raise typer.Exit(2) from err
 
     async def main() -> None:
-        client = await connect()
+        try:
+            client = await connect()
+        except CodecConfigError as err:
+            typer.echo(f"error: payload codec: {err}", err=True)
+            raise typer.Exit(2) from err
         stop = asyncio.Event()
         install_stop_signals(stop)
         await run_worker(client, settings, stop)
@@ -35,3 +54,44 @@ def worker_command(
             typer.echo(f"error: cannot reach Temporal: {err}", err=True)
             raise typer.Exit(2) from err
         raise
+    finally:
+        telemetry.shutdown()
+
+
+codec_app = typer.Typer(help="The optional payload encryption (AES-GCM) and its codec server.", no_args_is_help=True)
+
+
+@codec_app.command("serve")
+def codec_serve_command(
+    bind: str = typer.Option("127.0.0.1:8089", envvar="OSAC_CODEC_SERVER_BIND", help="host:port to listen on"),
+    ui_origin: list[str] = typer.Option(
+        [DEFAULT_UI_ORIGIN],
+        "--ui-origin",
+        envvar="OSAC_CODEC_UI_ORIGINS",
+        help="origin of the Temporal Web UI allowed by CORS (repeatable)",
+    ),
+    log_level: str = typer.Option("INFO", help="Python log level"),
+) -> None:
+    """Serve /encode and /decode for the Web UI (`temporal server start-dev --ui-codec-endpoint URL`)."""
+    _logging(log_level)
+    try:
+        codec = codec_from_env()
+        host, port = split_bind(bind)
+    except (CodecConfigError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err
+    if codec is None:
+        typer.echo("error: no codec keys configured (OSAC_CODEC_KEYS or OSAC_CODEC_KEYS_FILE)", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"codec server on http://{bind} for {', '.join(ui_origin)}", err=True)
+    uvicorn.run(create_codec_app(codec, ui_origin), host=host, port=port, log_level=log_level.lower())
+
+
+@codec_app.command("keygen")
+def codec_keygen_command(key_id: str = typer.Argument(..., help="id of the new key, e.g. 2025-06")) -> None:
+    """Print a new AES-256 key ring entry `id=base64` (add it to OSAC_CODEC_KEYS or the keys file)."""
+    try:
+        typer.echo(generate_key_entry(key_id))
+    except CodecConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from activities.bmaas.watcher import BmiWatcher
 from activities.hub import HubActivities
 from activities.kube import HubKube
 from contracts.activities import BmaasActivity, HubActivity
+from worker.health import serve_health
 from worker.settings import Settings
 from workflows.cluster_workers import ClusterWorkersWorkflow
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
@@ -71,11 +73,18 @@ class Backends:
         await self.kube.close()
 
 
-@contextlib.asynccontextmanager
-async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
-    kube = HubKube.from_kubeconfig(
+def hub_kube(settings: Settings) -> HubKube:
+    """The hub from KUBECONFIG; without one, inside a pod, the pod's service account."""
+    if settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return HubKube.in_cluster(max_workers=settings.blocking_threads)
+    return HubKube.from_kubeconfig(
         str(settings.kubeconfig) if settings.kubeconfig else None, max_workers=settings.blocking_threads
     )
+
+
+@contextlib.asynccontextmanager
+async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
+    kube = hub_kube(settings)
     bmaas_client = BmaasClient(
         settings.fulfillment_url,
         settings.fulfillment_token_file,
@@ -149,14 +158,27 @@ def build_workers(client: Client, settings: Settings, backends: Backends) -> lis
 
 
 async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) -> None:
-    """Run until `stop` is set, then shut down gracefully (in-flight activities get the timeout)."""
+    """Run until `stop` is set, then shut down gracefully (in-flight activities get the timeout).
+
+    With OSAC_HEALTH_BIND set, serves /healthz (every Temporal worker still running) and /readyz
+    (all started and not stopping) while it runs. A fatal worker error ends this call with it."""
     await check_search_attributes(client)
     async with open_backends(settings) as backends:
         check_registered_activities(backends)
         workers = build_workers(client, settings, backends)
-        async with contextlib.AsyncExitStack() as stack:
+        started = asyncio.Event()
+
+        def live() -> bool:
+            # A worker that ended on its own is dead; answering at all proves the loop is not stuck.
+            return stop.is_set() or not any(w.is_shutdown for w in workers)
+
+        def ready() -> bool:
+            return started.is_set() and not stop.is_set() and all(w.is_running for w in workers)
+
+        async with serve_health(settings.health_bind, live, ready), contextlib.AsyncExitStack() as stack:
             for worker in workers:
                 await stack.enter_async_context(worker)
+            started.set()
             log.info(
                 "worker running on task queues %s and %s", settings.task_queue, settings.bmaas_task_queue
             )

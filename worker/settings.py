@@ -1,10 +1,18 @@
-"""Worker and controller configuration, from the environment (see the README's reference)."""
+"""Worker and controller configuration, from the environment (see the README's reference).
+
+Three groups, each read on its own so a process only validates what it uses:
+- `Settings` (the worker and the controller): backends, task queues, limits, metrics and health;
+- `CodecSettings`: the optional payload encryption, read by `connect()` in every process that talks
+  to Temporal (worker, controller, CLI, codec server), since all of them must agree on it;
+- `TEMPORAL_*` connection settings (address, namespace, TLS, mTLS, API key, profiles) are read by
+  `temporalio.envconfig`, and tracing by the standard `OTEL_*` variables (see worker/telemetry.py).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
@@ -19,9 +27,13 @@ class Settings(BaseSettings):
     fulfillment_token_file: Path = Field(
         default=Path("/var/run/secrets/osac/fulfillment-token"), description="bearer token, re-read on change"
     )
-    fulfillment_ca_file: Path | None = Field(default=None, description="CA bundle for the BMaaS API")
+    fulfillment_ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle to verify the BMaaS API with; the system store when unset"
+    )
     kubeconfig: Path | None = Field(
-        default=None, validation_alias="KUBECONFIG", description="hub kubeconfig; in-cluster when unset"
+        default=None,
+        validation_alias="KUBECONFIG",
+        description="hub kubeconfig; the pod's service account when unset inside a cluster",
     )
     task_queue: str = WORKFLOW_TASK_QUEUE
     bmaas_task_queue: str = BMAAS_TASK_QUEUE
@@ -32,3 +44,29 @@ class Settings(BaseSettings):
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     controller_namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     controller_resync_seconds: float = Field(default=300.0, gt=0)
+    metrics_bind: str | None = Field(
+        default=None,
+        description="host:port of the Prometheus endpoint (/metrics) of the Temporal runtime; off when unset",
+    )
+    health_bind: str | None = Field(
+        default=None, description="host:port of the /healthz and /readyz probes; off when unset"
+    )
+
+
+class CodecSettings(BaseSettings):
+    """Optional AES-GCM payload encryption. Off unless keys are configured.
+
+    Keys are `id=base64` entries (16, 24 or 32 bytes after decoding), separated by commas or newlines,
+    from OSAC_CODEC_KEYS and/or the file OSAC_CODEC_KEYS_FILE. Every key decrypts; the one named by
+    OSAC_CODEC_ENCODE_KEY (default: the first listed) encrypts.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="OSAC_CODEC_", extra="ignore")
+
+    keys: SecretStr | None = Field(default=None, description="inline key ring: id=base64[,id=base64...]")
+    keys_file: Path | None = Field(default=None, description="file holding the key ring (a mounted Secret)")
+    encode_key: str | None = Field(default=None, description="id of the key new payloads are encrypted with")
+
+    @property
+    def enabled(self) -> bool:
+        return bool((self.keys and self.keys.get_secret_value().strip()) or self.keys_file)

@@ -1,15 +1,31 @@
-"""One way to reach Temporal for every process: envconfig profile + the pydantic data converter."""
+"""One way to reach Temporal for every process: envconfig profile + the project's data converter.
+
+Connection (address, namespace, TLS, mTLS, API key, profiles) comes from `temporalio.envconfig`:
+TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS, TEMPORAL_TLS_CLIENT_CERT_PATH,
+TEMPORAL_TLS_CLIENT_KEY_PATH, TEMPORAL_TLS_SERVER_CA_CERT_PATH, TEMPORAL_TLS_SERVER_NAME,
+TEMPORAL_PROFILE / TEMPORAL_CONFIG_FILE. The data converter is the pydantic one, with the AES-GCM
+payload codec when OSAC_CODEC_KEYS(_FILE) is set; the metrics runtime and the tracing interceptor
+come from `worker.telemetry.setup_telemetry()` when the process ran it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfigProfile
 
+from worker.codec import data_converter_from_env
+from worker.telemetry import Telemetry, process_telemetry
 
-async def connect(address: str | None = None, namespace: str | None = None, **overrides: Any) -> Client:
+
+async def connect(
+    address: str | None = None,
+    namespace: str | None = None,
+    *,
+    telemetry: Telemetry | None = None,
+    **overrides: Any,
+) -> Client:
     """Connect using TEMPORAL_ADDRESS/NAMESPACE/TLS/API key (env or profile), with explicit overrides."""
     config: dict[str, Any] = dict(ClientConfigProfile.load().to_client_connect_config())
     if address:
@@ -17,5 +33,10 @@ async def connect(address: str | None = None, namespace: str | None = None, **ov
     if namespace:
         config["namespace"] = namespace
     config.setdefault("target_host", "127.0.0.1:7233")
+    telemetry = telemetry if telemetry is not None else process_telemetry()
+    if telemetry is not None:
+        config.update(telemetry.client_options())
+    if "data_converter" not in overrides:
+        config["data_converter"] = data_converter_from_env()
     config.update(overrides)
-    return await Client.connect(data_converter=pydantic_data_converter, **config)
+    return await Client.connect(**config)

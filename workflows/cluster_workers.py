@@ -97,8 +97,10 @@ class ClusterWorkersWorkflow:
         self._status_generation = 1
         self._published_generation = 0
         self._finished = False
-        self._cluster: ClusterReference | None = None
-        self._facts: OrderFacts | None = None
+        self._cluster: ClusterReference | None = carried.cluster
+        self._facts: OrderFacts | None = carried.facts
+        for condition in carried.conditions:
+            self._conditions[OrderConditionType(condition.type)] = condition
 
     # ----------------------------------------------------------------------------------- API
 
@@ -193,7 +195,8 @@ class ClusterWorkersWorkflow:
         workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
         publisher = asyncio.ensure_future(self._publish_loop())
 
-        if not self._decommissioning or self._slots:
+        prepared = self._facts is not None and self._cluster is not None
+        if not prepared and (not self._decommissioning or self._slots):
             await self._prepare()
 
         while True:
@@ -496,6 +499,9 @@ class ClusterWorkersWorkflow:
             next_index=self._next_index,
             decommissioning=self._decommissioning,
             ignored_scale_downs=self._ignored_scale_downs[-20:],
+            facts=self._facts,
+            cluster=self._cluster,
+            conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(
             self._input.model_copy(

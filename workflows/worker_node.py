@@ -37,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
         HandAgentInput,
         InfraEnvRef,
         NodePoolRef,
+        ReleasedAgents,
+        ReleaseStaleAgentsInput,
         ReplicaSync,
         WaitAgentInput,
         WaitAgentInstalledInput,
@@ -317,6 +319,15 @@ class WorkerNodeWorkflow:
             progress.agent_name = None
             progress.agent_handed = False
 
+        if progress.macs:
+            await self._hub(
+                HubActivity.RELEASE_STALE_AGENTS,
+                ReleaseStaleAgentsInput(
+                    infraenv=InfraEnvRef.for_order(slot.order), order=slot.order, macs=progress.macs
+                ),
+                ReleasedAgents,
+                summary=f"Delete unclaimed agent registrations of the host of {slot.name}",
+            )
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot()

@@ -23,6 +23,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from opentelemetry import trace
+from temporalio import activity
 
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
 from contracts.bmaas import BmaasErrorType
@@ -35,6 +37,9 @@ INSTANCE_TYPES = "bare_metal_instance_types"  # sic: this collection is spelled 
 DISK_IMAGES = "disk_images"
 CLUSTER_VERSIONS = "cluster_versions"
 CATALOG_ITEMS = "baremetal_instance_catalog_items"
+
+# One span per call (no-op unless the process set up tracing); see `_call_span`.
+_tracer = trace.get_tracer("osac.bmaas")
 
 # Answers worth another try inside one idempotent call.
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -163,7 +168,26 @@ class BmaasClient:
         idempotent: bool | None = None,
         secrets: Iterable[str] = (),
     ) -> Any:
-        """One API call under the call budget; returns the decoded JSON answer (or None)."""
+        """One API call under the call budget, traced as one span; returns the decoded JSON answer."""
+        with _call_span(method, path) as span:
+            try:
+                return await self._request(
+                    method, path, params=params, body=body, idempotent=idempotent, secrets=secrets
+                )
+            except BmaasApiError as err:
+                _span_failed(span, err)
+                raise
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None,
+        body: Any,
+        idempotent: bool | None,
+        secrets: Iterable[str],
+    ) -> Any:
         if idempotent is None:
             idempotent = method in ("GET", "DELETE")
         secret_list = list(secrets)
@@ -319,6 +343,37 @@ async def _events(resp: httpx.Response, operation: str) -> AsyncIterator[dict[st
                 yield event
     except _TRANSPORT_ERRORS as exc:
         raise transport_error(operation, exc) from None
+
+
+def _call_span(method: str, path: str) -> contextlib.AbstractContextManager[trace.Span]:
+    """A client span for one call: method, route template and BMI id, plus the order and worker slot
+    of the calling activity (from its workflow id). Never the query, the body or the token."""
+    segments = path.strip("/").split("/")
+    route = "/" + "/".join(segments[:1] + ["{id}"] * (len(segments) > 1) + segments[2:])
+    attributes: dict[str, str] = {"http.request.method": method, "osac.bmaas.route": route}
+    if segments[0] == INSTANCES and len(segments) > 1:
+        attributes["osac.bmi_id"] = segments[1]
+    if activity.in_activity():
+        parts = activity.info().workflow_id.split("/") if activity.info().workflow_id else []
+        if len(parts) >= 3:  # cluster-workers/<namespace>/<order> or worker/<namespace>/<order>/<slot>
+            attributes["osac.order"] = f"{parts[1]}/{parts[2]}"
+        if len(parts) == 4 and parts[0] == "worker":
+            attributes["osac.slot"] = parts[3]
+    return _tracer.start_as_current_span(
+        f"bmaas {method} {route}",
+        kind=trace.SpanKind.CLIENT,
+        attributes=attributes,
+        # Error messages may quote the server: the span gets the error type only.
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+
+
+def _span_failed(span: trace.Span, err: BmaasApiError) -> None:
+    span.set_attribute("error.type", err.error_type.value)
+    if err.http_status is not None:
+        span.set_attribute("http.response.status_code", err.http_status)
+    span.set_status(trace.StatusCode.ERROR, err.error_type.value)
 
 
 def _segment(value: str) -> str:

@@ -100,14 +100,23 @@ EVENT_SCHEMA: dict[str, Any] = {
 
 
 def age(timestamp: str | None) -> str:
-    """kubectl's short duration rendering (`45s`, `3m2s`, `5h`, `2d`)."""
+    """A timestamp's age the way the apiserver prints it (apimachinery's HumanDuration)."""
     if not timestamp:
         return "<unknown>"
     try:
         then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
     except ValueError:
-        return "<unknown>"
-    seconds = max(0, int((datetime.now(UTC) - then).total_seconds()))
+        return "<invalid>"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
+    return human_duration(int((datetime.now(UTC) - then).total_seconds()))
+
+
+def human_duration(seconds: int) -> str:
+    if seconds < -1:
+        return "<invalid>"
+    if seconds < 0:
+        return "0s"
     if seconds < 120:
         return f"{seconds}s"
     minutes = seconds // 60
@@ -116,9 +125,18 @@ def age(timestamp: str | None) -> str:
     if minutes < 180:
         return f"{minutes}m"
     hours = minutes // 60
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
     if hours < 48:
         return f"{hours}h"
-    return f"{hours // 24}d"
+    if hours < 24 * 8:
+        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    if hours < 24 * 365 * 8:
+        days = (hours // 24) % 365
+        return f"{hours // 24 // 365}y{days}d" if days else f"{hours // 24 // 365}y"
+    return f"{hours // 24 // 365}y"
 
 
 def _age_cell(obj: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from datetime import date, datetime
 from typing import Any
 
 import cel
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 
 from lab.hub.errors import Cause, CauseType
 

@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+from lab.hub.builtin import age
 from lab.hub.resources import PrinterColumn, ResourceType
 
 Obj = dict[str, Any]
@@ -97,6 +98,8 @@ def _cell(column: PrinterColumn, obj: Obj) -> Any:
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if column.type == "boolean":
         return value if isinstance(value, bool) else None
+    if column.type == "date":
+        return age(value) if isinstance(value, str) else None
     return value
 
 

@@ -1,5 +1,6 @@
 """Fixtures for the hub twin's conformance tests: one https hub for the session (the kubernetes
-client and kubectl both talk to it), a fresh namespace per test, and helpers to wait on conditions."""
+client and kubectl both talk to it), a fresh namespace per test. Helpers and sample objects live in
+lab.hub.testing (importable; this folder is not a package)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,71 @@
+"""Configuration of the callers (controller, CLI, demo) beyond what `worker.settings` holds.
+
+Everything shared with the worker (BMaaS URL and token file, KUBECONFIG, task queues, the
+controller's namespaces and resync period) is read through `worker.settings.Settings`, so both
+processes run from one environment. This adds what only callers decide: the timing policy the
+controller gives every new workflow, and the per-order worker maximum its validator enforces.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.worker import TimingPolicy
+from contracts.workflows import DEFAULT_MAX_WORKERS_PER_ORDER
+
+
+class TimingPreset(StrEnum):
+    """Named timing policies: OSAC's production defaults, or one that fits the demo's lab timings."""
+
+    PRODUCTION = "production"
+    DEMO = "demo"
+
+
+def _seconds(*values: float) -> list[timedelta]:
+    return [timedelta(seconds=v) for v in values]
+
+
+def demo_policy() -> TimingPolicy:
+    """OSAC's shape, scaled to the lab's demo timings (a worker is Ready in about 15 s)."""
+    return TimingPolicy(
+        agent_registration_timeout=timedelta(seconds=90),
+        agent_install_timeout=timedelta(seconds=180),
+        agent_unbinding_timeout=timedelta(seconds=60),
+        transient_backoff=_seconds(1, 2, 4),
+        transient_backoff_cap=timedelta(seconds=10),
+        no_hosts_backoff=_seconds(2, 5, 10),
+        no_hosts_backoff_cap=timedelta(seconds=15),
+        registration_timeout_backoff=_seconds(2, 5),
+        registration_timeout_backoff_cap=timedelta(seconds=10),
+        attempt_reset_after_ready=timedelta(minutes=5),
+        wipe_stuck_after=timedelta(minutes=2),
+        status_coalesce=timedelta(seconds=0.5),
+        prerequisite_recheck=timedelta(seconds=2),
+    )
+
+
+PRESETS = {TimingPreset.PRODUCTION: TimingPolicy, TimingPreset.DEMO: demo_policy}
+
+
+class StarterSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OSAC_", extra="ignore")
+
+    timing_policy: TimingPreset = Field(
+        default=TimingPreset.PRODUCTION, description="policy given to every new workers workflow"
+    )
+    timing_policy_file: Path | None = Field(
+        default=None, description="JSON of TimingPolicy fields overriding the preset's"
+    )
+    max_workers_per_order: int = Field(default=DEFAULT_MAX_WORKERS_PER_ORDER, gt=0)
+
+    def policy(self) -> TimingPolicy:
+        base = PRESETS[self.timing_policy]()
+        if self.timing_policy_file is None:
+            return base
+        overrides = TimingPolicy.model_validate_json(self.timing_policy_file.read_text())
+        return base.model_copy(update=overrides.model_dump(exclude_unset=True))

@@ -1,0 +1,68 @@
+"""Continue-as-new under a tiny history limit: state and pending commands survive new runs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from contracts.workflows import cluster_workflow_id, worker_workflow_id
+from tests.conftest import start_dev_server
+from tests.workflows.stack import Stack, eventually, running_stack
+
+# The server suggests continue-as-new past this many history events (the default is thousands).
+SUGGEST_AFTER_EVENTS = 40
+
+
+@pytest.fixture(scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    env: WorkflowEnvironment = await start_dev_server(
+        "--dynamic-config-value", f"limit.historyCount.suggestContinueAsNew={SUGGEST_AFTER_EVENTS}"
+    )
+    try:
+        async with running_stack(env.client, tmp_path_factory.mktemp("can")) as running:
+            yield running
+    finally:
+        await env.shutdown()
+
+
+async def _runs(stack: Stack, workflow_id: str) -> list[WorkflowExecutionStatus]:
+    return [e.status async for e in stack.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+
+
+async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
+    order = await stack.create_order({"bm-standard": 2})
+    await stack.apply(order, {"bm-standard": 2})
+    await stack.wait_ready(order, 2)
+    cluster_id = cluster_workflow_id(order)
+
+    # Ready workers and the cluster workflow move to fresh runs once their history passes the limit.
+    async def cluster_continued() -> bool:
+        runs = await _runs(stack, cluster_id)
+        return WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW in runs
+
+    await eventually(cluster_continued, "the cluster workflow to continue as new")
+    worker_id = worker_workflow_id(order, order.worker_name(0))
+
+    async def worker_continued() -> bool:
+        runs = await _runs(stack, worker_id)
+        return WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW in runs
+
+    await eventually(worker_continued, "a Ready worker to continue as new")
+
+    # The carried state still answers, and commands sent across run boundaries all land.
+    status = await stack.api.status(order)
+    assert status.ready_workers == 2 and status.desired_workers == 2
+    await stack.apply(order, {"bm-standard": 3})
+    await stack.api.scale_down_worker(order, order.worker_name(0))
+    status = await stack.wait_ready(order, 2)
+    assert {w.name for w in status.workers} == {order.worker_name(1), order.worker_name(2)}
+    assert status.node_sets[0].count == 2
+
+    final = await stack.decommission_and_wait(order)
+    assert final.finished and final.workers == []
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
