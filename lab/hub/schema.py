@@ -295,7 +295,8 @@ class CrdSchema:
                     f"{_quote(_json_type(value))}",
                 )
             case "enum":
-                supported = ", ".join(json.dumps(v) for v in err.validator_value if v is not None)
+                allowed = err.validator_value if isinstance(err.validator_value, list) else []
+                supported = ", ".join(json.dumps(v) for v in allowed if v is not None)
                 return Cause(
                     CauseType.NOT_SUPPORTED,
                     field,

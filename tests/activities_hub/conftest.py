@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 import pytest
 import yaml
 from temporalio.testing import ActivityEnvironment

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
@@ -28,7 +28,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         await env.shutdown()
 
 
-async def _runs(stack: Stack, workflow_id: str) -> list[WorkflowExecutionStatus]:
+async def _runs(stack: Stack, workflow_id: str) -> list[WorkflowExecutionStatus | None]:
     return [e.status async for e in stack.client.list_workflows(f"WorkflowId = '{workflow_id}'")]
 
 
@@ -41,14 +41,14 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
     # Ready workers and the cluster workflow move to fresh runs once their history passes the limit.
     async def cluster_continued() -> bool:
         runs = await _runs(stack, cluster_id)
-        return WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW in runs
+        return WorkflowExecutionStatus.CONTINUED_AS_NEW in runs
 
     await eventually(cluster_continued, "the cluster workflow to continue as new")
     worker_id = worker_workflow_id(order, order.worker_name(0))
 
     async def worker_continued() -> bool:
         runs = await _runs(stack, worker_id)
-        return WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW in runs
+        return WorkflowExecutionStatus.CONTINUED_AS_NEW in runs
 
     await eventually(worker_continued, "a Ready worker to continue as new")
 
