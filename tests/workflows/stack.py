@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import httpx
 from temporalio.client import Client
+from temporalio.service import RPCError
 
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
@@ -182,7 +183,10 @@ class Stack:
 
     async def wait_ready(self, order: OrderRef, ready: int, timeout: float = 120.0) -> Any:
         async def probe() -> Any:
-            status = await self.api.status(order)
+            try:
+                status = await self.api.status(order)
+            except RPCError:  # e.g. a query timing out while a killed worker's tasks move elsewhere
+                return None
             return status if status.ready_workers == ready and status.current_workers == ready else None
 
         return await eventually(probe, f"{ready} ready workers of {order.key}", timeout)
@@ -194,10 +198,19 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    client: Client, workdir: Path, *, hosts: int = 24, policy: TimingPolicy | None = None
+    client: Client,
+    workdir: Path,
+    *,
+    hosts: int = 24,
+    policy: TimingPolicy | None = None,
+    bmaas_timings: Timings | None = None,
+    in_process_worker: bool = True,
 ) -> AsyncIterator[Stack]:
+    """Both twins and the library API; a worker in this process unless the test runs its own."""
     lab = start_lab(workdir, AgentTimings.zero())
-    fulfillment = start_fulfillment_twin(hosts=hosts, timings=Timings(), boot_seam=lab.boot_seam)
+    fulfillment = start_fulfillment_twin(
+        hosts=hosts, timings=bmaas_timings or Timings(), boot_seam=lab.boot_seam
+    )
     token_file = workdir / "fulfillment-token"
     token_file.write_text(fulfillment.admin_token)
     token_file.chmod(0o600)
@@ -212,7 +225,7 @@ async def running_stack(
         graceful_shutdown_seconds=1,
     )
     stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(client, settings, stop))
+    worker = asyncio.create_task(run_worker(client, settings, stop) if in_process_worker else stop.wait())
     hub_http = httpx.AsyncClient(base_url=lab.url, headers=lab.hub.headers(), timeout=30.0)
     bmaas_http = httpx.AsyncClient(base_url=fulfillment.url, headers=fulfillment.admin_headers, timeout=30.0)
     api = WorkersApi(

@@ -35,7 +35,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     )
     try:
         # Production values: the defaults of TimingPolicy are OSAC's.
-        async with running_stack(env.client, tmp_path_factory.mktemp("prod"), policy=TimingPolicy()) as running:
+        async with running_stack(
+            env.client, tmp_path_factory.mktemp("prod"), policy=TimingPolicy()
+        ) as running:
             yield running
     finally:
         await env.shutdown()
@@ -46,7 +48,9 @@ def test_policy_defaults_are_osacs() -> None:
     assert policy.agent_registration_timeout == timedelta(minutes=30)
     minutes = [policy.backoff(FailureReason.NO_HOSTS_AVAILABLE, n).total_seconds() / 60 for n in range(1, 6)]
     assert minutes == [5, 15, 30, 30, 30]
-    minutes = [policy.backoff(FailureReason.AGENT_REGISTRATION_TIMEOUT, n).total_seconds() / 60 for n in range(1, 5)]
+    minutes = [
+        policy.backoff(FailureReason.AGENT_REGISTRATION_TIMEOUT, n).total_seconds() / 60 for n in range(1, 5)
+    ]
     assert minutes == [5, 15, 30, 30]
     seconds = [policy.backoff(FailureReason.BMI_PROVISIONING_FAILED, n).total_seconds() for n in range(1, 7)]
     assert seconds == [30, 60, 120, 240, 300, 300]
@@ -82,7 +86,8 @@ async def test_no_hosts_backoff_follows_the_5_15_30_minute_table(stack: Stack) -
     timers = [
         e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
         for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.timer_started_event_attributes.timer_id in fired
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and e.timer_started_event_attributes.timer_id in fired
     ]
     # Each backoff is the table's value less the (real, seconds-long) time the release took.
     expected = [timedelta(minutes=m) for m in (5, 15, 30, 30)]

@@ -1,0 +1,119 @@
+"""Crash safety: the worker is a real process, SIGKILLed mid-provisioning and mid-deprovisioning.
+
+After each restart every slot ends with exactly one BMI, no host is allocated twice and no host is
+released unwiped (the fulfillment twin's audit proves both)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from lab.fulfillment.timings import Timings
+from tests.workflows.stack import Stack, eventually, running_stack
+
+# Slow enough that a kill lands inside allocation, boot and wipe.
+SLOW_BMAAS = Timings(allocation_s=0.5, image_write_s=0.5, boot_s=1.0, wipe_s=2.0, deprovision_s=0.5)
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    workdir = tmp_path_factory.mktemp("crash")
+    async with running_stack(
+        temporal_env.client, workdir, bmaas_timings=SLOW_BMAAS, in_process_worker=False
+    ) as running:
+        yield running
+
+
+@contextmanager
+def worker_process(stack: Stack, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    s = stack.settings
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": stack.client.namespace,
+        "OSAC_FULFILLMENT_URL": s.fulfillment_url,
+        "OSAC_FULFILLMENT_TOKEN_FILE": str(s.fulfillment_token_file),
+        "KUBECONFIG": str(s.kubeconfig),
+        "OSAC_TASK_QUEUE": s.task_queue,
+        "OSAC_BMAAS_TASK_QUEUE": s.bmaas_task_queue,
+        "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "1",
+    }
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "osac-workers"), "worker"], env=env, stdout=out, stderr=out
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+
+async def _assert_one_bmi_per_slot_and_clean_audit(stack: Stack, bmis: list[dict]) -> None:
+    per_name = Counter(b["metadata"]["name"] for b in bmis)
+    assert all(count == 1 for count in per_name.values()), per_name
+    assert await stack.audit_violations() == []
+
+
+async def test_worker_killed_mid_provisioning_and_mid_deprovisioning(stack: Stack, tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    order = await stack.create_order({"bm-standard": 3})
+
+    with worker_process(stack, log) as first:
+        await stack.apply(order, {"bm-standard": 3})
+
+        async def provisioning_under_way() -> bool:
+            bmis = await stack.bmis(order)
+            return any(b["status"].get("state", "").endswith("PROVISIONING") for b in bmis)
+
+        await eventually(provisioning_under_way, "a BMI being provisioned")
+        kill(first)
+
+    with worker_process(stack, log) as second:
+        status = await stack.wait_ready(order, 3, timeout=180)
+        bmis = await stack.bmis(order)
+        assert len(bmis) == 3
+        await _assert_one_bmi_per_slot_and_clean_audit(stack, bmis)
+        assert {b["id"] for b in bmis} == {w.resource_id for w in status.workers}
+        await stack.api.decommission(order)
+
+        async def deprovisioning_under_way() -> bool:
+            bmis = await stack.bmis(order)
+            return any(b["status"].get("state", "").endswith("DELETING") for b in bmis)
+
+        await eventually(deprovisioning_under_way, "a host being wiped")
+        kill(second)
+
+    with worker_process(stack, log):
+        final = await asyncio.wait_for(stack.api.wait_finished(order), 180)
+    assert final.finished and final.workers == []
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+    audit = await stack.audit()
+    ours = [r for r in audit if r.get("bmi_name", "").startswith(order.name)]
+    allocated = {r["bmi_id"] for r in ours if r["kind"] == "HOST_ALLOCATED"}
+    wiped = {r["bmi_id"] for r in audit if r["kind"] == "WIPE_FINISHED"}
+    assert allocated and allocated <= wiped
