@@ -243,6 +243,7 @@ class AssistedActivities:
             self.wait_agent_installed,
             self.mark_agent_removing,
             self.wait_agent_unbound,
+            self.release_stale_agents,
             self.delete_agent,
         ]
 

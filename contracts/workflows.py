@@ -37,6 +37,31 @@ class NodeSetRequest(BaseModel):
 
 class SetNodeSets(BaseModel):
     node_sets: list[NodeSetRequest]
+    # Required for a mass scale-down (see ScaleDownGuard); decommission never needs it.
+    confirm_scale_down: bool = False
+
+
+CONFIRM_SCALE_DOWN_ANNOTATION = "osac.openshift.io/confirm-scale-down"
+
+
+class ScaleDownGuard(BaseModel):
+    """A mistyped count must not wipe many hosts at once: a large reduction needs a confirmation."""
+
+    max_fraction: float = Field(default=0.5, ge=0, le=1)
+    max_workers: int = Field(default=2, ge=0)
+
+    def refusal(self, current: int, requested: int) -> str | None:
+        """Why going from `current` to `requested` workers needs confirming, or None when it does not."""
+        removed = current - requested
+        if removed <= self.max_workers or removed <= current * self.max_fraction:
+            return None
+        return (
+            f"node_sets[].count: lowering the order from {current} to {requested} workers removes"
+            f" {removed} at once (more than {self.max_fraction:.0%} of the order and more than"
+            f" {self.max_workers} workers);"
+            " confirm it (CLI --confirm, the ClusterOrder annotation"
+            f" {CONFIRM_SCALE_DOWN_ANNOTATION}=true, or confirm_scale_down in the library call)"
+        )
 
 
 class OrderConditionType(StrEnum):
@@ -109,6 +134,7 @@ class ClusterWorkersInput(BaseModel):
     node_sets: list[NodeSetRequest] = Field(default_factory=list)
     instance_types: list[str] = Field(default_factory=list)  # known types, refreshed by the workflow
     max_workers_per_order: int = DEFAULT_MAX_WORKERS_PER_ORDER
+    scale_down_guard: ScaleDownGuard = Field(default_factory=ScaleDownGuard)
     policy: TimingPolicy = Field(default_factory=TimingPolicy)
     bmaas_task_queue: str = BMAAS_TASK_QUEUE
     carried: ClusterWorkersCarried | None = None  # set only by continue-as-new

@@ -127,6 +127,11 @@ class ClusterWorkersWorkflow:
                     f" (known: {known})"
                 )
         total = sum(n.count for n in command.node_sets)
+        if not command.confirm_scale_down:
+            current = sum(n.count for n in self._node_sets.values())
+            refusal = self._input.scale_down_guard.refusal(current, total)
+            if refusal:
+                raise CommandRejected(refusal)
         if total > self._input.max_workers_per_order:
             raise CommandRejected(
                 f"node_sets[].count: {total} workers exceed the maximum of"

@@ -3,6 +3,8 @@ workflow and on the ClusterOrder, and leaves nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -18,6 +20,29 @@ from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
 ALL = {"rate": 1.0}
 
 
+TENANT_TEXT_LEAKS = {
+    "a BMI or other uuid": re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"),
+    "a MAC address": re.compile(r"(?i)\b[0-9a-f]{2}(?::[0-9a-f]{2}){5}\b"),
+    "an IP address": re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"),
+    "a host id": re.compile(r"\bhost-\d+"),
+    "backend error text": re.compile(r"(?i)Bmaas|NoMatchingHosts|HTTP|gRPC|Traceback|Exception|status code"),
+}
+TENANT_MESSAGES_SEEN: set[str] = set()
+
+
+async def _collect_tenant_text(stack: Stack) -> None:
+    """Every message the ClusterOrders show a tenant, sampled while the failure tests run."""
+    while True:
+        response = await stack.hub_http.get("/apis/osac.openshift.io/v1alpha1/clusterorders")
+        for order in response.json().get("items", []):
+            status = order.get("status") or {}
+            for worker in status.get("workers") or []:
+                TENANT_MESSAGES_SEEN.add(worker.get("lastFailureMessage") or "")
+            for cond in status.get("conditions") or []:
+                TENANT_MESSAGES_SEEN.add(cond.get("message") or "")
+        await asyncio.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 async def stack(
     temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
@@ -30,7 +55,9 @@ async def stack(
     async with running_stack(
         temporal_env.client, tmp_path_factory.mktemp("failures"), policy=policy
     ) as running:
+        collector = asyncio.create_task(_collect_tenant_text(running))
         yield running
+        collector.cancel()
 
 
 async def _worker(stack: Stack, order: OrderRef) -> WorkerStatus | None:
@@ -228,3 +255,13 @@ async def test_missing_boot_image_creates_nothing_until_linked(stack: Stack) -> 
 
     await eventually(image_found, "RHCOSImageNotFound=False once linked")
     await _clean_decommission(stack, order)
+
+
+async def test_tenant_facing_text_never_leaks_backend_detail(stack: Stack) -> None:
+    """Runs last: everything the failure tests above showed on their ClusterOrders."""
+    messages = {m for m in TENANT_MESSAGES_SEEN if m}
+    reasons_seen = {m for m in messages if "retrying" in m or "waiting" in m}
+    assert len(reasons_seen) >= 3, f"the collector saw too little: {messages}"
+    for message in sorted(messages):
+        for what, pattern in TENANT_TEXT_LEAKS.items():
+            assert not pattern.search(message), f"tenant text shows {what}: {message!r}"

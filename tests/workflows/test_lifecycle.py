@@ -76,3 +76,33 @@ async def test_scale_up_targeted_scale_down_scale_up_decommission(stack: Stack) 
     wiped = {r["bmi_id"] for r in audit if r["kind"] == "WIPE_FINISHED"}
     order_bmis = {w_id for w_id in allocated if w_id}
     assert order_bmis and order_bmis <= wiped
+
+
+async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(stack: Stack) -> None:
+    from contracts.workflows import NodeSetRequest, SetNodeSets
+    from starter.api import CommandError
+    from workflows.cluster_workers import ClusterWorkersWorkflow
+
+    order = await stack.create_order({"bm-standard": 4})
+    await stack.apply(order, {"bm-standard": 4})
+    with pytest.raises(CommandError, match=r"node_sets\[\]\.count: lowering the order from 4 to 1 workers"):
+        await stack.apply(order, {"bm-standard": 1})
+    with pytest.raises(CommandError, match=r"node_sets\[0\]\.instance_type: unknown instance type 'bm-tiny'"):
+        await stack.apply(order, {"bm-tiny": 1})
+    with pytest.raises(CommandError, match=r"exceed the maximum of 100 per order"):
+        await stack.apply(order, {"bm-standard": 101})
+    status = await stack.api.status(order)
+    assert status.desired_workers == 4  # nothing of the refused commands entered the workflow
+
+    # Two at once is below the guard; a confirmed mass scale-down goes through.
+    await stack.apply(order, {"bm-standard": 2})
+    lowered = SetNodeSets(
+        node_sets=[NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=0)],
+        confirm_scale_down=True,
+    )
+    await stack.api.handle(order).execute_update(ClusterWorkersWorkflow.set_node_sets, lowered)
+    assert (await stack.api.status(order)).desired_workers == 0
+    await stack.decommission_and_wait(order)
+    with pytest.raises(CommandError, match="already being decommissioned|already decommissioned|no workers workflow"):
+        await stack.api.decommission(order)
+    assert await stack.bmis(order) == []
