@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
@@ -51,14 +50,11 @@ with workflow.unsafe.imports_passed_through():
         is_current,
         worker_workflow_id,
     )
+    from workflows.activity_calls import CALL_RETRY, call_activity
     from workflows.search_attributes import OSAC_CLUSTER_ORDER
     from workflows.worker_node import WorkerNodeWorkflow
 
 T = TypeVar("T")
-
-CALL_TIMEOUT = timedelta(seconds=60)
-CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
-WAIT_HEARTBEAT = timedelta(seconds=30)
 
 
 class CommandRejected(ValueError):
@@ -531,37 +527,14 @@ class ClusterWorkersWorkflow:
         return sorted(self._slots.values(), key=lambda s: s.spec.index)
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
-        return await workflow.execute_activity(
-            name.value,
-            arg,
-            result_type=result_type,
-            task_queue=self._input.bmaas_task_queue,
-            start_to_close_timeout=CALL_TIMEOUT,
-            retry_policy=CALL_RETRY,
-            summary=summary,
+        return await call_activity(
+            name.value, arg, result_type, summary=summary, task_queue=self._input.bmaas_task_queue
         )
 
     async def _hub(
         self, name: HubActivity, arg: Any, result_type: type[T] | None, *, summary: str, wait: bool = False
     ) -> T:
-        if wait:
-            return await workflow.execute_activity(
-                name.value,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=timedelta(days=365),
-                heartbeat_timeout=WAIT_HEARTBEAT,
-                retry_policy=CALL_RETRY,
-                summary=summary,
-            )
-        return await workflow.execute_activity(
-            name.value,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=CALL_TIMEOUT,
-            retry_policy=CALL_RETRY,
-            summary=summary,
-        )
+        return await call_activity(name.value, arg, result_type, summary=summary, wait=wait)
 
 
 def _active(slot: SlotRecord) -> bool:

@@ -13,9 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
@@ -52,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerProgress,
         WorkerReport,
     )
+    from workflows.activity_calls import call_activity
     from workflows.search_attributes import (
         OSAC_ATTEMPT,
         OSAC_BARE_METAL_INSTANCE,
@@ -62,12 +61,6 @@ with workflow.unsafe.imports_passed_through():
 
 T = TypeVar("T")
 
-# Calls to a backend: retried by Temporal without end (an outage is waited out, never a give-up).
-CALL_TIMEOUT = timedelta(seconds=60)
-CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
-# Waits run inside heartbeating activities; a dead worker is noticed within the heartbeat timeout.
-WAIT_HEARTBEAT = timedelta(seconds=30)
-WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30))
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
 
@@ -538,30 +531,9 @@ class WorkerNodeWorkflow:
         task_queue: str | None,
     ) -> T:
         try:
-            if wait:
-                result = await workflow.execute_activity(
-                    name,
-                    arg,
-                    result_type=result_type,
-                    task_queue=task_queue,
-                    start_to_close_timeout=timedelta(days=365),
-                    heartbeat_timeout=WAIT_HEARTBEAT,
-                    retry_policy=WAIT_RETRY,
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=summary,
-                )
-            else:
-                result = await workflow.execute_activity(
-                    name,
-                    arg,
-                    result_type=result_type,
-                    task_queue=task_queue,
-                    start_to_close_timeout=CALL_TIMEOUT,
-                    retry_policy=CALL_RETRY,
-                    # A cancelled create must have finished before teardown looks for what it made.
-                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=summary,
-                )
+            result: T = await call_activity(
+                name, arg, result_type, summary=summary, wait=wait, task_queue=task_queue
+            )
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.

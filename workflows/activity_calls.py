@@ -1,0 +1,46 @@
+"""How the workflows call activities: one place for timeouts, retries and cancellation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ActivityCancellationType
+
+T = TypeVar("T")
+
+# Calls to a backend: retried by Temporal without end (an outage is waited out, never a give-up).
+CALL_TIMEOUT = timedelta(seconds=60)
+CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
+# Waits run inside heartbeating activities; a dead worker is noticed within the heartbeat timeout.
+WAIT_HEARTBEAT = timedelta(seconds=30)
+WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30))
+# A wait ends when its condition holds or the workflow stops it; the timeout is only a backstop.
+WAIT_LIMIT = timedelta(days=365)
+
+
+async def call_activity(
+    name: str,
+    arg: Any,
+    result_type: type[T] | None,
+    *,
+    summary: str,
+    wait: bool = False,
+    task_queue: str | None = None,
+) -> T:
+    """Execute an activity by name. A cancelled call returns only once the activity has stopped,
+    so teardown never races a create that is still running."""
+    result: T = await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        task_queue=task_queue,
+        start_to_close_timeout=WAIT_LIMIT if wait else CALL_TIMEOUT,
+        heartbeat_timeout=WAIT_HEARTBEAT if wait else None,
+        retry_policy=WAIT_RETRY if wait else CALL_RETRY,
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        summary=summary,
+    )
+    return result
