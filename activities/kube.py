@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import random
@@ -37,11 +38,15 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from opentelemetry import trace
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from contracts.hub import HubErrorType
 
 log = logging.getLogger(__name__)
+# One span per hub request (no-op unless the process set up tracing); see `HubKube._request`.
+_tracer = trace.get_tracer("osac.hub")
 
 T = TypeVar("T")
 KubeObject = dict[str, Any]
@@ -437,12 +442,26 @@ class HubKube:
         if self._closed:
             raise RuntimeError("HubKube is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor,
-            lambda: self._request_sync(
-                verb, method, resource, namespace, name, path, query, body, content_type
-            ),
-        )
+        with _tracer.start_as_current_span(
+            f"hub {verb} {resource.kind}",
+            kind=trace.SpanKind.CLIENT,
+            attributes=_span_attributes(verb, resource, namespace, name),
+            record_exception=False,  # the span gets the error type and code, never a message or body
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                return await loop.run_in_executor(
+                    self._executor,
+                    lambda: self._request_sync(
+                        verb, method, resource, namespace, name, path, query, body, content_type
+                    ),
+                )
+            except HubApiError as err:
+                span.set_attribute("error.type", str(err.type))
+                if err.code:
+                    span.set_attribute("http.response.status_code", err.code)
+                span.set_status(trace.StatusCode.ERROR, str(err.type))
+                raise
 
     # -- verbs ------------------------------------------------------------------------------
 
@@ -630,6 +649,25 @@ class HubKube:
         return response.response  # the urllib3 response, streamed line by line
 
 
+def _span_attributes(
+    verb: str, resource: Resource, namespace: str | None, name: str | None
+) -> dict[str, str]:
+    """What a hub span says: verb, kind and object, plus the order and worker slot of the calling
+    activity (from its workflow id: cluster-workers/<ns>/<order> or worker/<ns>/<order>/<slot>)."""
+    attributes = {"osac.hub.verb": verb, "osac.hub.resource": resource.plural}
+    if namespace:
+        attributes["osac.hub.namespace"] = namespace
+    if name:
+        attributes["osac.hub.name"] = name
+    if activity.in_activity():
+        parts = (activity.info().workflow_id or "").split("/")
+        if len(parts) >= 3:
+            attributes["osac.order"] = f"{parts[1]}/{parts[2]}"
+        if len(parts) == 4 and parts[0] == "worker":
+            attributes["osac.slot"] = parts[3]
+    return attributes
+
+
 # ---------------------------------------------------------------------------------------------
 # Shared informers
 
@@ -707,7 +745,11 @@ class Informer:
             self._stream_thread = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"hub-watch-{self.resource.plural}"
             )
-        self._task = loop.create_task(self._run(), name=f"informer-{self.resource.plural}")
+        # A fresh context: the shared watch must not inherit the activity (and trace span) that
+        # happened to start it.
+        self._task = loop.create_task(
+            self._run(), name=f"informer-{self.resource.plural}", context=contextvars.Context()
+        )
 
     async def stop(self) -> None:
         task, self._task = self._task, None

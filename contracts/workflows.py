@@ -101,6 +101,8 @@ class WorkerProgress(BaseModel):
     agent_handed: bool = False
     failures_in_a_row: int = 0
     ready_since: datetime | None = None
+    # When the slot first entered Provisioning: provisioning time counts every attempt.
+    provisioning_since: datetime | None = None
     scale_down_requested: bool = False
 
 

@@ -17,9 +17,15 @@ from worker.settings import Settings
 from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect
 
+# Client libraries that log every request URL at INFO; some URLs (the discovery ignition's) carry a
+# token, so they only speak up for warnings.
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes")
+
 
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def worker_command(
@@ -58,12 +64,16 @@ def worker_command(
         telemetry.shutdown()
 
 
-codec_app = typer.Typer(help="The optional payload encryption (AES-GCM) and its codec server.", no_args_is_help=True)
+codec_app = typer.Typer(
+    help="The optional payload encryption (AES-GCM) and its codec server.", no_args_is_help=True
+)
 
 
 @codec_app.command("serve")
 def codec_serve_command(
-    bind: str = typer.Option("127.0.0.1:8089", envvar="OSAC_CODEC_SERVER_BIND", help="host:port to listen on"),
+    bind: str = typer.Option(
+        "127.0.0.1:8089", envvar="OSAC_CODEC_SERVER_BIND", help="host:port to listen on"
+    ),
     ui_origin: list[str] = typer.Option(
         [DEFAULT_UI_ORIGIN],
         "--ui-origin",

@@ -79,7 +79,7 @@ class KeyRing:
                 except (binascii.Error, ValueError):
                     raise CodecConfigError(f"codec key {key_id!r} is not valid base64") from None
                 if len(material) not in (16, 24, 32):
-                    raise CodecConfigError(f"codec key {key_id!r} must be 16, 24 or 32 bytes (AES-128/192/256)")
+                    raise CodecConfigError(f"codec key {key_id!r} must be 16, 24 or 32 bytes")
                 if key_id in keys and keys[key_id] != material:
                     raise CodecConfigError(f"codec key {key_id!r} is listed twice with different material")
                 if key_id not in keys:
@@ -170,7 +170,7 @@ class AesGcmCodec(PayloadCodec):
             key_id = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")
             key = ring.keys.get(key_id)
             if key is None:
-                raise PayloadDecryptError(f"payload encrypted with key {key_id!r}, which is not in the key ring")
+                raise PayloadDecryptError(f"payload encrypted with key {key_id!r}, not in the key ring")
             data = payload.data
             try:
                 plain = AESGCM(key).decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], key_id.encode())

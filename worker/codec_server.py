@@ -46,7 +46,7 @@ def create_codec_app(codec: PayloadCodec, ui_origins: Sequence[str] = (DEFAULT_U
         try:
             payloads = json_format.Parse(body, Payloads())
         except json_format.ParseError:
-            return JSONResponse({"message": "expected {\"payloads\": [...]} in protobuf JSON"}, status_code=400)
+            return JSONResponse({"message": "expected protobuf JSON {payloads: [...]}"}, status_code=400)
         try:
             result = await operation(list(payloads.payloads))
         except PayloadDecryptError as err:

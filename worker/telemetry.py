@@ -21,6 +21,7 @@ BMaaS and hub calls inside activities are child spans of their activity.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -96,8 +97,8 @@ def traces_exporters(environ: Mapping[str, str]) -> list[TracesExporter]:
         return []
     raw = environ.get("OTEL_TRACES_EXPORTER")
     if raw is None:
-        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        return [TracesExporter.OTLP] if endpoint else []
+        endpoints = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+        return [TracesExporter.OTLP] if any(environ.get(name) for name in endpoints) else []
     chosen: list[TracesExporter] = []
     for name in (part.strip().lower() for part in raw.split(",")):
         if not name:
@@ -121,19 +122,11 @@ def _otlp_exporter(environ: Mapping[str, str]) -> SpanExporter | None:
     except ValueError:
         log.warning("OTLP protocol %r unsupported (http/protobuf, grpc): traces are not exported", raw)
         return None
+    # Imported by name: the exporter is an optional extra, absent from most installs.
+    transport = "grpc" if protocol == OtlpProtocol.GRPC else "http"
+    module = f"opentelemetry.exporter.otlp.proto.{transport}.trace_exporter"
     try:
-        if protocol == OtlpProtocol.GRPC:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
-                OTLPSpanExporter as GrpcExporter,
-            )
-
-            exporter: SpanExporter = GrpcExporter()
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
-                OTLPSpanExporter as HttpExporter,
-            )
-
-            exporter = HttpExporter()
+        exporter: SpanExporter = importlib.import_module(module).OTLPSpanExporter()
     except ImportError:
         log.warning(
             "OTEL_TRACES_EXPORTER asks for otlp but opentelemetry-exporter-otlp is not installed"

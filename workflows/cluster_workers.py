@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         worker_workflow_id,
     )
     from workflows.activity_calls import CALL_RETRY, call_activity
+    from workflows.metrics import record_order_counts
     from workflows.search_attributes import OSAC_CLUSTER_ORDER
     from workflows.worker_node import WorkerNodeWorkflow
 
@@ -458,6 +459,8 @@ class ClusterWorkersWorkflow:
             await workflow.sleep(self._input.policy.status_coalesce)
             generation = self._status_generation
             status = self.status()
+            failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)
+            record_order_counts(self._input.order, status.desired_workers, status.ready_workers, failed)
             events, self._events = self._events, []
             try:
                 await self._publish(status, events)

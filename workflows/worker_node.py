@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerReport,
     )
     from workflows.activity_calls import call_activity
+    from workflows.metrics import record_correlation_duration, record_provisioning_duration
     from workflows.search_attributes import (
         OSAC_ATTEMPT,
         OSAC_BARE_METAL_INSTANCE,
@@ -165,6 +166,8 @@ class WorkerNodeWorkflow:
     async def _provision(self) -> None:
         progress, slot = self._state()
         if progress.status.phase == WorkerPhase.PROVISIONING:
+            if progress.provisioning_since is None:
+                progress.provisioning_since = workflow.now()
             image = await self._bmaas(
                 BmaasActivity.RESOLVE_BOOT_IMAGE,
                 ResolveBootImageInput(release_image=slot.release_image),
@@ -198,6 +201,7 @@ class WorkerNodeWorkflow:
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
             timeout = self._policy().agent_registration_timeout
+            waiting_since = workflow.now()
             agent = await self._hub(
                 HubActivity.WAIT_AGENT_FOR_MACS,
                 WaitAgentInput(
@@ -212,6 +216,7 @@ class WorkerNodeWorkflow:
                 give_up_after=(timeout, FailureReason.AGENT_REGISTRATION_TIMEOUT),
             )
             progress.agent_name = agent.name
+            record_correlation_duration(slot.order, workflow.now() - waiting_since)
             self._set_phase(WorkerPhase.BINDING)
 
         if progress.status.phase == WorkerPhase.BINDING:
@@ -237,6 +242,9 @@ class WorkerNodeWorkflow:
             )
             progress.failures_in_a_row = 0
             progress.ready_since = workflow.now()
+            if progress.provisioning_since is not None:
+                record_provisioning_duration(slot.order, workflow.now() - progress.provisioning_since)
+                progress.provisioning_since = None
             self._set_phase(WorkerPhase.READY)
 
     async def _fail(self, failure: AttemptFailed) -> None:

@@ -354,7 +354,7 @@ def _call_span(method: str, path: str) -> contextlib.AbstractContextManager[trac
     if segments[0] == INSTANCES and len(segments) > 1:
         attributes["osac.bmi_id"] = segments[1]
     if activity.in_activity():
-        parts = activity.info().workflow_id.split("/") if activity.info().workflow_id else []
+        parts = (activity.info().workflow_id or "").split("/")
         if len(parts) >= 3:  # cluster-workers/<namespace>/<order> or worker/<namespace>/<order>/<slot>
             attributes["osac.order"] = f"{parts[1]}/{parts[2]}"
         if len(parts) == 4 and parts[0] == "worker":

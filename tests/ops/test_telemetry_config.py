@@ -1,0 +1,137 @@
+"""Telemetry configuration from the environment, the health probe server, and the CLI entry points."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from typer.testing import CliRunner
+
+import worker.telemetry as telemetry
+from worker.cli import codec_app
+from worker.codec import KeyRing
+from worker.health import serve_health, split_bind
+from worker.telemetry import (
+    TracesExporter,
+    build_runtime,
+    build_tracer_provider,
+    metrics_url,
+    setup_telemetry,
+    span_processors,
+    traces_exporters,
+)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+OTLP_INSTALLED = _installed("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, []),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, [TracesExporter.OTLP]),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, [TracesExporter.OTLP]),
+        ({"OTEL_TRACES_EXPORTER": "console"}, [TracesExporter.CONSOLE]),
+        ({"OTEL_TRACES_EXPORTER": "otlp, console,otlp"}, [TracesExporter.OTLP, TracesExporter.CONSOLE]),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, []),
+        ({"OTEL_TRACES_EXPORTER": "console,none"}, []),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, []),
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}, []),
+    ],
+)
+def test_traces_exporters_follow_the_standard_variables(environ: dict[str, str], expected: list) -> None:
+    assert traces_exporters(environ) == expected
+
+
+def test_tracer_provider_from_the_environment(caplog: pytest.LogCaptureFixture) -> None:
+    assert build_tracer_provider({}) is None
+    provider = build_tracer_provider({"OTEL_TRACES_EXPORTER": "console"}, service_name="svc-a")
+    assert provider is not None and provider.resource.attributes["service.name"] == "svc-a"
+    provider.shutdown()
+    processors = span_processors({"OTEL_TRACES_EXPORTER": "console"})
+    assert [type(p) for p in processors] == [SimpleSpanProcessor]
+
+    caplog.set_level(logging.WARNING, logger="osac.telemetry")
+    otlp = span_processors({"OTEL_TRACES_EXPORTER": "otlp"})
+    if OTLP_INSTALLED:
+        assert [type(p) for p in otlp] == [BatchSpanProcessor]
+        for processor in otlp:
+            processor.shutdown()
+    else:
+        # Without the optional extra, nothing is exported and the operator is told why.
+        assert otlp == []
+        assert "opentelemetry-exporter-otlp is not installed" in caplog.text
+    caplog.clear()
+    assert (
+        span_processors({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"})
+        == []
+    )
+    assert "unsupported" in caplog.text
+
+
+def test_setup_telemetry_without_configuration_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_process_telemetry", None)
+    configured = setup_telemetry(None, environ={})
+    assert configured.runtime is None and configured.tracer_provider is None and not configured.tracing
+    assert configured.client_options() == {}
+    assert telemetry.process_telemetry() is configured
+    assert setup_telemetry("127.0.0.1:1", environ={}) is configured  # once per process
+
+
+def test_metrics_bind_addresses() -> None:
+    assert build_runtime(None) is None and build_runtime("") is None
+    assert metrics_url("0.0.0.0:9464") == "http://127.0.0.1:9464/metrics"
+    assert metrics_url(":9464") == "http://127.0.0.1:9464/metrics"
+    assert metrics_url("10.1.2.3:9000") == "http://10.1.2.3:9000/metrics"
+    assert split_bind("0.0.0.0:8081") == ("0.0.0.0", 8081)
+    assert split_bind("[::1]:8081") == ("::1", 8081)
+    with pytest.raises(ValueError):
+        split_bind("8081x")
+
+
+async def test_health_server_answers_probes() -> None:
+    state = {"live": True, "ready": False}
+
+    def broken() -> bool:
+        raise RuntimeError("probe bug")
+
+    async with serve_health("127.0.0.1:0", lambda: state["live"], lambda: state["ready"]) as server:
+        assert server is not None
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=5.0) as http:
+            assert (await http.get("/healthz")).status_code == 200
+            assert (await http.get("/readyz")).status_code == 503
+            state["ready"] = True
+            assert (await http.get("/readyz")).status_code == 200
+            assert (await http.head("/readyz")).status_code == 200
+            state["live"] = False
+            assert (await http.get("/healthz")).status_code == 503
+            assert (await http.get("/metrics")).status_code == 404
+            assert (await http.post("/healthz")).status_code == 404
+    async with serve_health(None, broken, broken) as nothing:
+        assert nothing is None
+    async with serve_health("127.0.0.1:0", broken, broken) as server:
+        assert server is not None
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=5.0) as http:
+            assert (await http.get("/healthz")).status_code == 503
+
+
+def test_codec_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    generated = runner.invoke(codec_app, ["keygen", "2025-06"])
+    assert generated.exit_code == 0
+    assert KeyRing.parse(generated.stdout.strip()).encode_key_id == "2025-06"
+    assert runner.invoke(codec_app, ["keygen", "bad id"]).exit_code == 2
+    for name in ("OSAC_CODEC_KEYS", "OSAC_CODEC_KEYS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    refused = runner.invoke(codec_app, ["serve", "--bind", "127.0.0.1:0"])
+    assert refused.exit_code == 2 and "no codec keys" in refused.output
