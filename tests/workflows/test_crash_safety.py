@@ -117,3 +117,7 @@ async def test_worker_killed_mid_provisioning_and_mid_deprovisioning(stack: Stac
     allocated = {r["bmi_id"] for r in ours if r["kind"] == "HOST_ALLOCATED"}
     wiped = {r["bmi_id"] for r in audit if r["kind"] == "WIPE_FINISHED"}
     assert allocated and allocated <= wiped
+    # Nothing secret in what the worker logged along the way (ignition URLs carry a token).
+    logged = log.read_text(errors="replace")
+    for secret in ("api_key=", "PULL_SECRET_TOKEN", stack.fulfillment.admin_token, stack.lab.hub.token):
+        assert secret not in logged
