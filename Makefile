@@ -29,8 +29,24 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# dev up (Temporal dev server, lab twins, worker, controller; state in .osac-dev), the scripted
+# ClusterOrder scenario, a summary, then dev down unless DEMO_KEEP=1. Exits non-zero if a step failed.
 demo: $(STAMP)
 	$(BIN)/osac-workers demo
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# Benchmark (bench/README.md): `make bench-quick` N=100 (about 8 minutes), `make bench` N=500 (long).
+.PHONY: bench bench-quick
+bench: $(STAMP)
+	$(BIN)/python -m bench.run --full
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench.run --quick
+
+# Chaos harness (issue #8): `make chaos SEEDS=10` runs the 50-worker scenario once per seed.
+SEEDS ?= 1
+.PHONY: chaos
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos --seeds $(SEEDS)

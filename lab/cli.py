@@ -13,7 +13,9 @@ lab_app = typer.Typer(help="The lab twins of the fulfillment-service and the hub
 
 @lab_app.command()
 def serve(
-    state_dir: Path = typer.Option(..., "--state-dir", help="Where endpoints.json and the token files go."),
+    state_dir: Path = typer.Option(
+        ..., "--state-dir", help="Where endpoints.json, the token files and the kubeconfig go."
+    ),
     fulfillment_port: int = typer.Option(8100, "--fulfillment-port", help="0 picks a free port."),
     hub_port: int = typer.Option(
         8101, "--hub-port", min=0, max=65535, help="Hub twin port; 0 picks a free port."

@@ -111,9 +111,19 @@ class WorkersApi:
         return self.client.get_workflow_handle_for(ClusterWorkersWorkflow.run, cluster_workflow_id(order))
 
     async def apply(
-        self, order: OrderRef, node_sets: Sequence[NodeSetRequest], instance_types: Sequence[str] = ()
+        self,
+        order: OrderRef,
+        node_sets: Sequence[NodeSetRequest],
+        instance_types: Sequence[str] = (),
+        *,
+        update_id: str | None = None,
+        confirm_scale_down: bool = False,
     ) -> ClusterWorkersStatus:
-        """Ensure the order's workflow runs and set its node sets, in one call (idempotent)."""
+        """Ensure the order's workflow runs and set its node sets, in one call (idempotent).
+
+        `update_id`: callers that may send the same change twice (two controllers) pass an id
+        derived from the change; the server then applies it once and answers both.
+        `confirm_scale_down`: let a mass scale-down through the workflow's guard."""
         start = WithStartWorkflowOperation(
             ClusterWorkersWorkflow.run,
             ClusterWorkersInput(
@@ -132,8 +142,9 @@ class WorkersApi:
         try:
             return await self.client.execute_update_with_start_workflow(
                 ClusterWorkersWorkflow.set_node_sets,
-                SetNodeSets(node_sets=list(node_sets)),
+                SetNodeSets(node_sets=list(node_sets), confirm_scale_down=confirm_scale_down),
                 start_workflow_operation=start,
+                id=update_id,
             )
         except WorkflowUpdateFailedError as err:
             raise _rejection(err) from err
@@ -152,6 +163,22 @@ class WorkersApi:
                 ) from err
             raise
 
+    async def run_id(self, order: OrderRef) -> str:
+        """The id of the order's latest run (to follow that run even if another one starts later)."""
+        try:
+            return (await self.handle(order).describe()).run_id
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
+            raise
+
+    async def run_status(self, order: OrderRef, run_id: str) -> ClusterWorkersStatus:
+        """The `status` query of one run (works after it completed, while a worker runs)."""
+        handle = self.client.get_workflow_handle_for(
+            ClusterWorkersWorkflow.run, cluster_workflow_id(order), run_id=run_id
+        )
+        return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+
     async def workflow_state(self, order: OrderRef) -> WorkflowState:
         """The latest run's state, from the server (needs no worker)."""
         try:
@@ -162,9 +189,14 @@ class WorkersApi:
             raise
         return _STATES.get(description.status or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
 
-    async def scale(self, order: OrderRef, node_set: str, count: int) -> ClusterWorkersStatus:
+    async def scale(
+        self, order: OrderRef, node_set: str, count: int, *, confirm_scale_down: bool = False
+    ) -> ClusterWorkersStatus:
         """Set one node set's count, keeping the others as they are."""
         current = await self.status(order)
+        if current.finished or current.decommissioning:
+            state = "decommissioned" if current.finished else "being decommissioned"
+            raise CommandError(f"node_set: order {order.key} is {state}; it takes no more changes")
         sets = {n.name: n for n in current.node_sets}
         if node_set not in sets:
             known = ", ".join(sorted(sets)) or "none"
@@ -172,10 +204,17 @@ class WorkersApi:
         sets[node_set] = sets[node_set].model_copy(update={"count": count})
         try:
             return await self.handle(order).execute_update(
-                ClusterWorkersWorkflow.set_node_sets, SetNodeSets(node_sets=list(sets.values()))
+                ClusterWorkersWorkflow.set_node_sets,
+                SetNodeSets(node_sets=list(sets.values()), confirm_scale_down=confirm_scale_down),
             )
         except WorkflowUpdateFailedError as err:
             raise _rejection(err) from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:  # the run completed since the status query
+                raise CommandError(
+                    f"node_set: order {order.key} is decommissioned; it takes no more changes"
+                ) from err
+            raise
 
     async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
         """Release one named worker; returns its node set with the lowered count."""

@@ -31,6 +31,7 @@ from activities.kube import (
 )
 from contracts.hub import Condition, ConditionStatus
 from contracts.refs import OrderRef
+from contracts.workflows import CONFIRM_SCALE_DOWN_ANNOTATION
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 FINALIZER = "osac.openshift.io/baremetal-workers"
@@ -67,6 +68,12 @@ def finalizers(obj: KubeObject) -> list[str]:
 def generation(obj: KubeObject) -> int | None:
     value = meta(obj).get("generation")
     return value if isinstance(value, int) else None
+
+
+def confirmed(obj: KubeObject) -> bool:
+    """The order carries the confirmation a mass scale-down needs (the workflow's guard)."""
+    annotations = meta(obj).get("annotations")
+    return isinstance(annotations, dict) and annotations.get(CONFIRM_SCALE_DOWN_ANNOTATION) == "true"
 
 
 def condition_of(obj: KubeObject, kind: ControllerCondition) -> dict[str, Any] | None:
@@ -109,9 +116,16 @@ class HubOrders:
 
     async def _patch(self, obj: KubeObject, patch: dict[str, Any], *, status: bool = False) -> None:
         m = meta(obj)
-        patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": m.get("resourceVersion")}}
+        patch = {
+            **patch,
+            "metadata": {**patch.get("metadata", {}), "resourceVersion": m.get("resourceVersion")},
+        }
         await self.kube.patch(
-            CLUSTER_ORDERS, str(m["namespace"]), str(m["name"]), patch, subresource="status" if status else None
+            CLUSTER_ORDERS,
+            str(m["namespace"]),
+            str(m["name"]),
+            patch,
+            subresource="status" if status else None,
         )
 
     # -- finalizer ----------------------------------------------------------------------------
@@ -191,15 +205,20 @@ class HubOrders:
 
     # -- node requests ------------------------------------------------------------------------
 
-    async def set_node_count(self, order: OrderRef, node_set: str, count: int) -> KubeObject:
-        """Set `numberOfNodes` of the bare-metal node request whose instance type is `node_set`.
+    async def set_node_count(
+        self, order: OrderRef, node_set: str, count: int, *, annotations: dict[str, str] | None = None
+    ) -> KubeObject:
+        """Set `numberOfNodes` of the bare-metal node request whose instance type is `node_set`
+        (and `annotations`, in the same write).
 
         Returns the order as written (its new generation tells when the workflow has caught up)."""
         written: KubeObject | None = None
 
         async def change(current: KubeObject) -> bool:
             nonlocal written
-            requests = [dict(r) if isinstance(r, dict) else r for r in dig(current, "spec", "nodeRequests") or []]
+            requests = [
+                dict(r) if isinstance(r, dict) else r for r in dig(current, "spec", "nodeRequests") or []
+            ]
             matches = [
                 i
                 for i, r in enumerate(requests)
@@ -215,21 +234,36 @@ class HubOrders:
                     f"node_set: ClusterOrder {order.key} has no bare-metal node request {node_set!r}"
                     f" (known: {', '.join(known) or 'none'})"
                 )
-            if requests[matches[0]].get("numberOfNodes") == count:
+            present = meta(current).get("annotations") or {}
+            if requests[matches[0]].get("numberOfNodes") == count and all(
+                present.get(k) == v for k, v in (annotations or {}).items()
+            ):
                 written = current
                 return False
             requests[matches[0]]["numberOfNodes"] = count
+            metadata: dict[str, Any] = {"resourceVersion": meta(current).get("resourceVersion")}
+            if annotations:
+                metadata["annotations"] = annotations
             written = await self.kube.patch(
                 CLUSTER_ORDERS,
                 order.namespace,
                 order.name,
-                {"metadata": {"resourceVersion": meta(current).get("resourceVersion")}, "spec": {"nodeRequests": requests}},
+                {"metadata": metadata, "spec": {"nodeRequests": requests}},
             )
             return True
 
         if await self._cas(order, change) is None or written is None:
             raise OrderChangeError(f"ClusterOrder {order.key} not found on the hub")
         return self._clean(written)
+
+    async def remove_annotation(self, order: OrderRef, key: str) -> None:
+        """A merge patch that deletes one key: safe without compare-and-swap."""
+        try:
+            await self.kube.patch(
+                CLUSTER_ORDERS, order.namespace, order.name, {"metadata": {"annotations": {key: None}}}
+            )
+        except HubNotFound:
+            pass
 
     # -- whole objects (the demo and tests act as a tenant would) ------------------------------
 

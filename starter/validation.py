@@ -13,13 +13,22 @@ from collections.abc import Sequence
 
 from activities.bmaas.client import INSTANCE_TYPES, BmaasClient
 from contracts.hub import OrderFacts
-from contracts.workflows import NodeSetRequest
+from contracts.workflows import NodeSetRequest, ScaleDownGuard
 
 
 def node_set_problem(
-    node_sets: Sequence[NodeSetRequest], instance_types: Sequence[str], max_workers_per_order: int
+    node_sets: Sequence[NodeSetRequest],
+    instance_types: Sequence[str],
+    max_workers_per_order: int,
+    *,
+    current_total: int = 0,
+    confirm_scale_down: bool = False,
+    guard: ScaleDownGuard | None = None,
 ) -> str | None:
-    """The validator's message (naming the field) for the first broken rule, or None."""
+    """The validator's message (naming the field) for the first broken rule, or None.
+
+    `current_total`: the workers the workflow holds now (0 before it exists), for the guard
+    against mass scale-downs (`guard`: the workflow's, default `ScaleDownGuard()`)."""
     names = [n.name for n in node_sets]
     for name in sorted({n for n in names if names.count(n) > 1}):
         return f"node_sets[].name: duplicate node set {name!r}"
@@ -33,6 +42,10 @@ def node_set_problem(
                 f" (known: {', '.join(sorted(known))})"
             )
     total = sum(n.count for n in node_sets)
+    if not confirm_scale_down:
+        refusal = (guard or ScaleDownGuard()).refusal(current_total, total)
+        if refusal:
+            return refusal
     if total > max_workers_per_order:
         return f"node_sets[].count: {total} workers exceed the maximum of {max_workers_per_order} per order"
     return None

@@ -42,6 +42,8 @@ def served(tmp_path: Path) -> Iterator[Served]:
         str(state),
         "--fulfillment-port",
         "0",
+        "--hub-port",
+        "0",
         "--hosts",
         "3",
         "--timing",
@@ -78,7 +80,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
 def test_serve_writes_its_files_and_stops_cleanly(served: Served) -> None:
     state, proc = served
     endpoints = json.loads((state / "endpoints.json").read_text())
-    assert set(endpoints) == {"fulfillment_url"}
+    assert set(endpoints) == {"fulfillment_url", "hub_url"}
     url = endpoints["fulfillment_url"]
     assert url.startswith("http://127.0.0.1:")
     for name in ("admin-token", "tenant-token"):

@@ -1,0 +1,493 @@
+"""The ClusterOrder controller (`osac-workers controller`): makes each order's workers workflow match it.
+
+Level-triggered. ClusterOrders are observed through `HubKube`'s shared informer (one watch of every
+namespace; orders outside the configured namespaces are skipped). A key is reconciled when the
+informer first lists it (start), whenever it changes, on a periodic resync, after an error (with
+backoff) and when a decommission it waits for finishes. One key is never reconciled by two tasks of
+one process at once.
+
+Per order:
+- annotated `osac.openshift.io/management-state=unmanaged`: left alone, whatever else it says;
+- no bare-metal node request and never managed: ignored;
+- live: its bare-metal node requests become node sets (name = instance type). Orders whose requests
+  break a rule get the condition `NodeRequestsValid=False` (reason `InvalidNodeRequests`, the
+  validator's message naming the field) and nothing is started or allocated. Otherwise the
+  finalizer is added first, then the workflow is started or updated (update-with-start,
+  USE_EXISTING) only when its node sets differ from the order's, read fresh from the hub, and
+  `NodeRequestsValid=True` records the generation that was applied. A mass scale-down refused
+  by the workflow's guard is sent again, confirmed, once the order carries the annotation
+  `osac.openshift.io/confirm-scale-down=true`;
+- deleting (with our finalizer): the workflow is told to decommission and the finalizer removed only
+  once the workflow completed, i.e. every BMI is gone (wiped) and the InfraEnv deleted.
+
+Restart-safe and idempotent: all state lives on the hub (finalizer, conditions) and in Temporal
+(one workflow per order id; update-with-start never starts a second). Status writes by the workflow
+change an order without changing its generation; such events are skipped once the generation was
+applied, so a named scale-down (signal first, then the lower count on the order) is never undone
+by a stale count in between. Resyncs compare with the workflow regardless, to heal drift. Two
+controllers that see the same change send it with the same update id, which the server applies
+once. A workflow that ended abnormally (failed, terminated) is never replaced behind an operator's
+back: the order gets `WorkersWorkflowStopped=True` and keeps its finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from activities.hub import order_facts
+from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
+from contracts.hub import ConditionStatus
+from contracts.refs import OrderRef
+from contracts.workflows import NodeSetRequest, cluster_workflow_id
+from starter.api import CommandError, WorkersApi, WorkflowState
+from starter.orders import (
+    FINALIZER,
+    ConditionReason,
+    ControllerCondition,
+    HubOrders,
+    condition_of,
+    confirmed,
+    finalizers,
+    generation,
+)
+from starter.validation import (
+    InstanceTypeCatalog,
+    desired_node_sets,
+    node_set_problem,
+    order_problem,
+    same_node_sets,
+)
+
+log = logging.getLogger("osac.controller")
+
+
+class WorkQueue:
+    """Keys to reconcile, deduplicated; a key being processed is queued again only after `done`.
+
+    Each entry carries `full`: reconcile regardless of the generation gate (start, resync, retry)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._pending: dict[str, bool] = {}
+        self._processing: set[str] = set()
+        self._again: dict[str, bool] = {}
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+
+    def add(self, key: str, full: bool = False) -> None:
+        if key in self._processing:
+            self._again[key] = self._again.get(key, False) or full
+        elif key in self._pending:
+            self._pending[key] = self._pending[key] or full
+        else:
+            self._pending[key] = full
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: str, delay: float, full: bool = True) -> None:
+        """At most one timer per key: the earliest wins."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + max(0.0, delay)
+        current = self._timers.get(key)
+        if current is not None:
+            if current[0] <= due:
+                return
+            current[1].cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self.add(key, full)
+
+        self._timers[key] = (due, loop.call_at(due, fire))
+
+    async def get(self) -> tuple[str, bool]:
+        key = await self._queue.get()
+        full = self._pending.pop(key)
+        self._processing.add(key)
+        return key, full
+
+    def done(self, key: str) -> None:
+        self._processing.discard(key)
+        if key in self._again:
+            self.add(key, self._again.pop(key))
+
+    def close(self) -> None:
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+@dataclass
+class ControllerStats:
+    reconciles: int = 0
+    applies: int = 0
+    rejections: int = 0
+    decommissions: int = 0
+    finalized: int = 0
+    errors: int = 0
+
+
+def apply_id(
+    uid: str,
+    gen: int | None,
+    desired: Sequence[NodeSetRequest],
+    observed: Sequence[NodeSetRequest] | None,
+    state: WorkflowState,
+    confirm: bool = False,
+) -> str:
+    """The update id of one change: the same for every controller that saw the same situation.
+
+    A confirmation changes the id: a change refused without it can be sent again with it."""
+
+    def digest(sets: Sequence[NodeSetRequest] | None) -> str:
+        if sets is None:
+            return state.value
+        text = ",".join(f"{n.name}:{n.instance_type}:{n.count}" for n in sorted(sets, key=lambda n: n.name))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    confirmed_part = "/confirmed" if confirm else ""
+    return f"set-node-sets/{uid or 'no-uid'}/{gen}/{digest(desired)}/{digest(observed)}{confirmed_part}"
+
+
+class ClusterOrderController:
+    def __init__(
+        self,
+        kube: HubKube,
+        api: WorkersApi,
+        catalog: InstanceTypeCatalog,
+        *,
+        namespaces: Sequence[str] = (),
+        resync_seconds: float = 300.0,
+        concurrency: int = 4,
+        health_file: Path | None = None,
+        error_backoff: tuple[float, float] = (0.5, 60.0),
+        decommission_poll_seconds: float = 60.0,
+    ) -> None:
+        self._kube = kube
+        self._orders = HubOrders(kube)
+        self._api = api
+        self._catalog = catalog
+        self._namespaces = frozenset(namespaces)
+        self._resync = resync_seconds
+        self._concurrency = max(1, concurrency)
+        self._health_file = health_file
+        self._backoff = error_backoff
+        self._decommission_poll = decommission_poll_seconds
+        self._queue = WorkQueue()
+        self._failures: dict[str, int] = {}
+        self._finish_waiters: dict[str, asyncio.Task[None]] = {}
+        self.stats = ControllerStats()
+        # key -> resourceVersion last reconciled to the end (tests and probes wait on it)
+        self.observed: dict[str, str] = {}
+
+    @property
+    def synced(self) -> bool:
+        return self._kube.informer(CLUSTER_ORDERS).synced
+
+    def _wanted(self, namespace: str) -> bool:
+        return not self._namespaces or namespace in self._namespaces
+
+    # ----------------------------------------------------------------------------------- loops
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set."""
+        await self._kube.informer(CLUSTER_ORDERS).start()
+        tasks = [
+            asyncio.create_task(self._watch(), name="controller-watch"),
+            asyncio.create_task(self._resync_loop(), name="controller-resync"),
+            *(
+                asyncio.create_task(self._work(), name=f"controller-worker-{i}")
+                for i in range(self._concurrency)
+            ),
+        ]
+        if self._health_file is not None:
+            tasks.append(asyncio.create_task(self._health_loop(self._health_file), name="controller-health"))
+        log.info(
+            "controller running: namespaces=%s resync=%ss task_queue=%s",
+            ",".join(sorted(self._namespaces)) or "all",
+            self._resync,
+            self._api.task_queue,
+        )
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper:
+                    task.result()  # a loop that ended on its own is a bug: surface it
+        finally:
+            for task in [stopper, *tasks, *self._finish_waiters.values()]:
+                task.cancel()
+            await asyncio.gather(*tasks, *self._finish_waiters.values(), stopper, return_exceptions=True)
+            self._queue.close()
+            if self._health_file is not None:
+                self._health_file.unlink(missing_ok=True)
+            log.info("controller stopped")
+
+    async def _watch(self) -> None:
+        informer = self._kube.informer(CLUSTER_ORDERS)
+        seen: dict[str, str] = {}
+        first = True
+
+        def changes() -> dict[str, bool] | None:
+            nonlocal first
+            current: dict[str, str] = {}
+            dirty: dict[str, bool] = {}
+            for obj in informer.items():
+                m = meta(obj)
+                namespace, name = str(m.get("namespace") or ""), str(m.get("name") or "")
+                if not self._wanted(namespace):
+                    continue
+                key = f"{namespace}/{name}"
+                current[key] = str(m.get("resourceVersion") or "")
+                if seen.get(key) != current[key]:
+                    dirty[key] = first  # the initial list is a full pass
+            for key in seen.keys() - current.keys():
+                dirty[key] = False
+            seen.clear()
+            seen.update(current)
+            first = False
+            return dirty or None
+
+        while True:
+            dirty = await informer.wait(changes, tick_seconds=60.0)
+            for key, full in dirty.items():
+                self._queue.add(key, full)
+
+    async def _resync_loop(self) -> None:
+        informer = self._kube.informer(CLUSTER_ORDERS)
+        while True:
+            await asyncio.sleep(self._resync)
+            for obj in informer.items():
+                m = meta(obj)
+                if self._wanted(str(m.get("namespace") or "")):
+                    self._queue.add(f"{m.get('namespace')}/{m.get('name')}", True)
+
+    async def _work(self) -> None:
+        while True:
+            key, full = await self._queue.get()
+            try:
+                delay = await self.reconcile(key, full=full)
+                self._failures.pop(key, None)
+                if delay is not None:
+                    self._queue.add_after(key, delay)
+            except Exception as exc:
+                self.stats.errors += 1
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                floor, cap = self._backoff
+                delay = min(cap, floor * 2 ** (failures - 1))
+                log.warning(
+                    "reconcile %s failed (%s: %s); retrying in %.1fs", key, type(exc).__name__, exc, delay
+                )
+                self._queue.add_after(key, delay)
+            finally:
+                self._queue.done(key)
+
+    async def _health_loop(self, path: Path) -> None:
+        while True:
+            report = {"pid": os.getpid(), "synced": self.synced, "time": time.time(), **asdict(self.stats)}
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(report) + "\n")
+            os.replace(tmp, path)
+            await asyncio.sleep(2.0)
+
+    # ------------------------------------------------------------------------------- reconcile
+
+    async def reconcile(self, key: str, *, full: bool = True) -> float | None:
+        """Make the workflow match the order. Returns seconds until the key should be looked at again."""
+        self.stats.reconciles += 1
+        cached = self._kube.informer(CLUSTER_ORDERS).get(*key.split("/", 1)) if "/" in key else None
+        version = str(meta(cached).get("resourceVersion") or "") if cached is not None else ""
+        delay = await self._reconcile(key, full)
+        if cached is None:  # gone from the hub: forget it
+            self.observed.pop(key, None)
+            self._failures.pop(key, None)
+        else:
+            self.observed[key] = version
+        return delay
+
+    async def _reconcile(self, key: str, full: bool) -> float | None:
+        namespace, _, name = key.partition("/")
+        if not self._wanted(namespace):
+            return None
+        obj = self._kube.informer(CLUSTER_ORDERS).get(namespace, name)
+        if obj is None:
+            waiter = self._finish_waiters.pop(key, None)
+            if waiter is not None:
+                waiter.cancel()
+            return None
+        ref = OrderRef(namespace=namespace, name=name)
+        facts = order_facts(ref, obj)
+        if facts.unmanaged:
+            return None
+        managed = FINALIZER in finalizers(obj)
+        if facts.deleting:
+            return await self._finalize(key, ref) if managed else None
+        if not (facts.node_sets or facts.invalid_node_requests or managed):
+            return None  # not a bare-metal order
+        if not full and self._generation_applied(obj, managed):
+            return None  # e.g. the workflow's own status write: nothing the workflow needs
+        return await self._sync(key, ref)
+
+    def _generation_applied(self, obj: KubeObject, managed: bool) -> bool:
+        cond = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID)
+        if cond is None or cond.get("observedGeneration") != generation(obj):
+            return False
+        if condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED) is not None:
+            return True  # an operator must look; resyncs check again
+        if cond.get("status") == ConditionStatus.FALSE.value:
+            # A refused mass scale-down is confirmed by an annotation: metadata, same generation.
+            return not confirmed(obj)
+        return managed
+
+    async def _sync(self, key: str, ref: OrderRef) -> float | None:
+        # Decisions that start or change a workflow come from a fresh read, never from a cache that
+        # may lag behind another controller's or the tenant's last write.
+        obj = await self._orders.get(ref)
+        if obj is None:
+            return None
+        facts = order_facts(ref, obj)
+        if facts.unmanaged:
+            return None
+        if facts.deleting:
+            return await self._finalize(key, ref) if FINALIZER in finalizers(obj) else None
+        desired = desired_node_sets(facts)
+        problem = order_problem(facts)
+        state = await self._api.workflow_state(ref)
+        observed: Sequence[NodeSetRequest] | None = None
+        if state.closed_abnormally:
+            await self._workflow_stopped(ref, state, obj)
+            return None
+        if state == WorkflowState.RUNNING:
+            status = await self._api.status(ref)
+            if status.decommissioning:
+                # Decommissioned outside the order (`decommission --force`): start afresh once done.
+                self._await_finished(key, ref)
+                return self._decommission_poll
+            if problem is not None:
+                await self._reject(ref, problem, obj)
+                return None
+            if same_node_sets(status.node_sets, desired):
+                await self._accepted(ref, obj, desired)
+                return None
+            observed = status.node_sets
+        else:
+            if problem is None:
+                instance_types = await self._catalog.names()
+                problem = node_set_problem(desired, instance_types, self._api.max_workers_per_order)
+            if problem is not None:
+                await self._reject(ref, problem, obj)
+                return None
+        # The finalizer comes before the workflow, so no workflow can exist for an order that is
+        # deleted without us noticing.
+        if not await self._orders.add_finalizer(ref, obj):
+            return 0.5  # deleted meanwhile: look again
+        # Two controllers that saw the same workflow state and the same order send the same
+        # update id: the server applies the change once.
+        confirm = confirmed(obj)
+        update_id = apply_id(facts.uid, generation(obj), desired, observed, state, confirm)
+        try:
+            await self._api.apply(
+                ref,
+                desired,
+                instance_types=await self._catalog.names(),
+                update_id=update_id,
+                confirm_scale_down=confirm,
+            )
+        except CommandError as err:
+            await self._reject(ref, str(err))
+            return None
+        self.stats.applies += 1
+        log.info(
+            "order %s: node sets applied (%s)",
+            ref.key,
+            ", ".join(f"{n.name}={n.count}" for n in desired) or "none",
+        )
+        await self._accepted(ref, None, desired)
+        return None
+
+    async def _accepted(
+        self, ref: OrderRef, obj: KubeObject | None, desired: Sequence[NodeSetRequest]
+    ) -> None:
+        message = "Bare-metal node requests applied: " + (
+            ", ".join(f"{n.name}={n.count}" for n in sorted(desired, key=lambda n: n.name)) or "none"
+        )
+        await self._orders.set_condition(
+            ref,
+            ControllerCondition.NODE_REQUESTS_VALID,
+            ConditionStatus.TRUE,
+            ConditionReason.ACCEPTED,
+            message,
+        )
+        if obj is None or condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED) is not None:
+            await self._orders.clear_condition(ref, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
+
+    async def _reject(self, ref: OrderRef, problem: str, obj: KubeObject | None = None) -> None:
+        self.stats.rejections += 1
+        log.info("order %s: node requests rejected: %s", ref.key, problem)
+        await self._orders.set_condition(
+            ref,
+            ControllerCondition.NODE_REQUESTS_VALID,
+            ConditionStatus.FALSE,
+            ConditionReason.INVALID,
+            problem,
+            obj,
+        )
+
+    async def _workflow_stopped(self, ref: OrderRef, state: WorkflowState, obj: KubeObject | None) -> None:
+        log.error("order %s: its workers workflow ended %s; not starting another", ref.key, state.value)
+        await self._orders.set_condition(
+            ref,
+            ControllerCondition.WORKERS_WORKFLOW_STOPPED,
+            ConditionStatus.TRUE,
+            state.value,
+            f"The workers workflow {cluster_workflow_id(ref)} ended {state.value}; its hosts may still be"
+            " allocated. An operator must check it (temporal workflow describe) before the controller"
+            " acts on this order again.",
+            obj,
+        )
+
+    async def _finalize(self, key: str, ref: OrderRef) -> float | None:
+        state = await self._api.workflow_state(ref)
+        if state in (WorkflowState.ABSENT, WorkflowState.COMPLETED):
+            # Completed = every worker released, every BMI confirmed gone, the InfraEnv deleted.
+            await self._orders.remove_finalizer(ref)
+            self._finish_waiters.pop(key, None)
+            self.stats.finalized += 1
+            log.info("order %s: workers decommissioned; finalizer removed", ref.key)
+            return None
+        if state.closed_abnormally:
+            await self._workflow_stopped(ref, state, None)
+            return None
+        status = await self._api.status(ref)
+        if not status.decommissioning:
+            try:
+                await self._api.decommission(ref)
+                self.stats.decommissions += 1
+                log.info("order %s: deleting; decommissioning its workers", ref.key)
+            except CommandError as err:
+                log.info("order %s: decommission already under way (%s)", ref.key, err)
+        self._await_finished(key, ref)
+        return self._decommission_poll
+
+    def _await_finished(self, key: str, ref: OrderRef) -> None:
+        """Look at the key again the moment its workflow completes (the poll is only a fallback)."""
+        current = self._finish_waiters.get(key)
+        if current is not None and not current.done():
+            return
+
+        async def wait() -> None:
+            with contextlib.suppress(Exception):
+                await self._api.wait_finished(ref)
+            self._queue.add(key, True)
+
+        self._finish_waiters[key] = asyncio.create_task(wait(), name=f"finished-{key}")

@@ -1,0 +1,181 @@
+"""Operator commands that keep the ClusterOrder (the source of truth) and the workflow in agreement.
+
+`WorkersApi` talks to Temporal only; these also read and write the order on the hub:
+- `scale`: checks the new count with the workflow validator's rules, writes `numberOfNodes` on the
+  ClusterOrder, then waits until the controller has made the workflow take it (or rejected it);
+- `scale_down_worker`: checks the name, signals the workflow (which lowers that node set's count and
+  releases exactly that worker), then lowers `numberOfNodes` on the order so both agree. In this
+  order, because a lower count arriving first would make the workflow pick a victim itself;
+- `decommission`: refuses while the order still asks for workers (the controller would provision
+  them again) unless forced: deleting the order is the way to decommission a managed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from activities.hub import order_facts
+from contracts.hub import ConditionStatus, OrderFacts
+from contracts.refs import OrderRef
+from contracts.workflows import CONFIRM_SCALE_DOWN_ANNOTATION, ClusterWorkersStatus, NodeSetRequest
+from starter.api import CommandError, OrderNotFound, WorkersApi
+from starter.orders import (
+    FINALIZER,
+    ControllerCondition,
+    HubOrders,
+    condition_of,
+    confirmed,
+    finalizers,
+    generation,
+)
+from starter.validation import InstanceTypeCatalog, desired_node_sets, node_set_problem, order_problem
+
+DEFAULT_SCALE_TIMEOUT = 120.0
+
+
+def facts_confirmed(obj: dict[str, Any] | None) -> bool:
+    return obj is not None and confirmed(obj)
+
+
+class OrderOperations:
+    def __init__(
+        self,
+        api: WorkersApi,
+        orders: HubOrders,
+        catalog: InstanceTypeCatalog | None = None,
+        *,
+        warn: Callable[[str], None] = lambda message: None,
+    ) -> None:
+        self.api = api
+        self.orders = orders
+        self.catalog = catalog
+        self._warn = warn
+
+    async def facts(self, order: OrderRef) -> OrderFacts:
+        obj = await self.orders.get(order)
+        if obj is None:
+            raise OrderNotFound(f"order {order.key}: no ClusterOrder of that name on the hub")
+        return order_facts(order, obj)
+
+    async def _instance_types(self) -> list[str]:
+        if self.catalog is None:
+            return []
+        try:
+            return await self.catalog.names()
+        except Exception as err:  # the workflow's validator still checks them
+            self._warn(
+                f"could not read the instance types from BMaaS ({type(err).__name__}); not checked here"
+            )
+            return []
+
+    async def scale(
+        self,
+        order: OrderRef,
+        node_set: str,
+        count: int,
+        *,
+        timeout: float = DEFAULT_SCALE_TIMEOUT,
+        confirm_scale_down: bool = False,
+    ) -> ClusterWorkersStatus:
+        """Validate, write the count on the order, wait until the workflow took it.
+
+        `confirm_scale_down` lets a mass scale-down through the workflow's guard: the order carries
+        the confirmation annotation while the change is applied, and loses it again afterwards."""
+        facts = await self.facts(order)
+        if facts.unmanaged:
+            raise CommandError(f"order {order.key} is annotated unmanaged: the controller does not act on it")
+        if facts.deleting:
+            raise CommandError(f"order {order.key} is being deleted")
+        problem = order_problem(facts)
+        if problem is not None:
+            raise CommandError(f"order {order.key} has invalid node requests: {problem}")
+        current = desired_node_sets(facts)
+        names = [n.name for n in current]
+        if node_set not in names:
+            raise CommandError(
+                f"node_set: order {order.key} has no bare-metal node set {node_set!r}"
+                f" (known: {', '.join(sorted(names)) or 'none'})"
+            )
+        # model_construct: a negative count must reach the validator's rule, not pydantic's.
+        wanted = [
+            NodeSetRequest.model_construct(name=n.name, instance_type=n.instance_type, count=count)
+            if n.name == node_set
+            else n
+            for n in current
+        ]
+        try:
+            current_total = sum(n.count for n in (await self.api.status(order)).node_sets)
+        except OrderNotFound:
+            current_total = 0  # no workflow yet: nothing to scale down
+        problem = node_set_problem(
+            wanted,
+            await self._instance_types(),
+            self.api.max_workers_per_order,
+            current_total=current_total,
+            confirm_scale_down=confirm_scale_down,
+        )
+        if problem is not None:
+            raise CommandError(problem)
+        annotate = confirm_scale_down and not facts_confirmed(await self.orders.get(order))
+        written = await self.orders.set_node_count(
+            order, node_set, count, annotations={CONFIRM_SCALE_DOWN_ANNOTATION: "true"} if annotate else None
+        )
+        try:
+            return await self._wait_taken(order, node_set, count, generation(written), timeout)
+        finally:
+            if annotate:  # a one-off confirmation: the guard protects the next change again
+                await self.orders.remove_annotation(order, CONFIRM_SCALE_DOWN_ANNOTATION)
+
+    async def _wait_taken(
+        self, order: OrderRef, node_set: str, count: int, gen: int | None, timeout: float
+    ) -> ClusterWorkersStatus:
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = await self.orders.get(order)
+            cond = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID) if obj is not None else None
+            observed = cond.get("observedGeneration") if cond else None
+            if cond is not None and gen is not None and isinstance(observed, int) and observed >= gen:
+                if cond.get("status") == ConditionStatus.FALSE.value:
+                    raise CommandError(f"order {order.key}: rejected: {cond.get('message')}")
+            try:
+                status = await self.api.status(order)
+            except OrderNotFound:
+                status = None
+            if status is not None and any(n.name == node_set and n.count == count for n in status.node_sets):
+                return status
+            if time.monotonic() > deadline:
+                raise CommandError(
+                    f"order {order.key}: the workflow has not taken {node_set}={count} within {timeout:.0f}s"
+                    " (is `osac-workers controller` running?)"
+                )
+            await asyncio.sleep(0.5)
+
+    async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
+        """Release one named worker and lower its node set's count on the order to match."""
+        obj = await self.orders.get(order)
+        if obj is not None and order_facts(order, obj).deleting:
+            raise CommandError(f"order {order.key} is being deleted")
+        lowered = await self.api.scale_down_worker(order, worker)
+        if obj is None:
+            self._warn(f"no ClusterOrder {order.key} on the hub: only the workflow's count was lowered")
+            return lowered
+        await self.orders.set_node_count(order, lowered.name, lowered.count)
+        return lowered
+
+    async def decommission(self, order: OrderRef, *, force: bool = False) -> ClusterWorkersStatus:
+        if not force:
+            obj = await self.orders.get(order)
+            if obj is not None:
+                facts = order_facts(order, obj)
+                asks = sum(n.count for n in facts.node_sets)
+                if not facts.unmanaged and not facts.deleting and (asks or FINALIZER in finalizers(obj)):
+                    raise CommandError(
+                        f"order {order.key}: the ClusterOrder still asks for {asks} bare-metal worker(s)"
+                        " and the controller would provision them again. Delete the ClusterOrder (its"
+                        " finalizer decommissions the workers), or annotate it"
+                        " osac.openshift.io/management-state=unmanaged first; --force decommissions anyway"
+                    )
+        return await self.api.decommission(order)

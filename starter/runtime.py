@@ -1,0 +1,92 @@
+"""Building the clients a caller needs from the same environment as the worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from temporalio.client import Client
+
+from activities.bmaas.client import BmaasClient
+from activities.kube import HubKube
+from starter.api import WorkersApi
+from starter.config import StarterSettings
+from starter.operations import OrderOperations
+from starter.orders import HubOrders
+from starter.validation import InstanceTypeCatalog
+from worker.settings import Settings
+from worker.temporal_client import connect
+
+
+class Unreachable(Exception):
+    """Temporal or the hub cannot be reached, or is not configured."""
+
+
+def open_hub(settings: Settings) -> HubKube:
+    """KUBECONFIG when set; in a pod, its service account; else the default kubeconfig."""
+    try:
+        if settings.kubeconfig is not None:
+            return HubKube.from_kubeconfig(str(settings.kubeconfig))
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return HubKube.in_cluster()
+        return HubKube.from_kubeconfig(None)
+    except Exception as err:  # kubernetes.config.ConfigException and file errors
+        raise Unreachable(f"no usable hub configuration (set KUBECONFIG): {err}") from err
+
+
+async def connect_temporal() -> Client:
+    try:
+        return await connect()
+    except RuntimeError as err:
+        address = os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233 (default)")
+        raise Unreachable(f"cannot reach Temporal at {address}: {err}") from err
+
+
+def workers_api(client: Client, settings: Settings, starter: StarterSettings) -> WorkersApi:
+    return WorkersApi(
+        client,
+        task_queue=settings.task_queue,
+        bmaas_task_queue=settings.bmaas_task_queue,
+        policy=starter.policy(),
+        max_workers_per_order=starter.max_workers_per_order,
+    )
+
+
+def bmaas_client(settings: Settings) -> BmaasClient:
+    return BmaasClient(
+        settings.fulfillment_url, settings.fulfillment_token_file, ca_bundle=settings.fulfillment_ca_file
+    )
+
+
+@dataclass
+class Callers:
+    settings: Settings
+    starter: StarterSettings
+    client: Client
+    api: WorkersApi
+    kube: HubKube
+    bmaas: BmaasClient
+    operations: OrderOperations
+
+
+@contextlib.asynccontextmanager
+async def open_callers(warn: Callable[[str], None] | None = None) -> AsyncIterator[Callers]:
+    """Temporal, the hub and BMaaS for a CLI command; closed on exit."""
+    settings, starter = Settings(), StarterSettings()
+    client = await connect_temporal()
+    api = workers_api(client, settings, starter)
+    kube = open_hub(settings)
+    bmaas = bmaas_client(settings)
+    operations = OrderOperations(
+        api,
+        HubOrders(kube),
+        InstanceTypeCatalog(bmaas),
+        warn=warn or (lambda message: None),
+    )
+    try:
+        yield Callers(settings, starter, client, api, kube, bmaas, operations)
+    finally:
+        await bmaas.aclose()
+        await kube.close()

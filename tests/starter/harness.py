@@ -1,0 +1,255 @@
+"""The starter under test: the whole product (tests.workflows.stack) plus ClusterOrder controllers.
+
+Controllers run on the test's event loop against the stack's hub twin (over HTTP, through their own
+HubKube) and the session's Temporal dev server, with the stack's task queues. Orders are created
+on the hub the way a tenant's arrive. Every wait polls a condition up to a generous deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+
+from activities.bmaas.client import BmaasClient
+from activities.kube import HubKube
+from contracts.refs import OrderRef
+from contracts.workflows import ClusterWorkersStatus, cluster_workflow_id
+from starter.api import OrderNotFound, WorkflowState
+from starter.controller import ClusterOrderController
+from starter.validation import InstanceTypeCatalog
+from tests.workflows.stack import CLUSTER_ORDERS, PULL_SECRET, RELEASE_IMAGE, Stack, eventually
+
+ORDER_PATH = CLUSTER_ORDERS + "/namespaces/{namespace}/clusterorders"
+FINALIZER = "osac.openshift.io/baremetal-workers"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e t@x"
+
+
+@dataclass
+class RunningController:
+    controller: ClusterOrderController
+    kube: HubKube
+    bmaas: BmaasClient
+    task: asyncio.Task[None]
+    stop_event: asyncio.Event
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.task, 30)
+        await self.bmaas.aclose()
+        await self.kube.close()
+
+
+async def start_controller(stack: Stack, *, resync_seconds: float = 300.0) -> RunningController:
+    kube = HubKube.from_kubeconfig(str(stack.lab.hub.kubeconfig))
+    bmaas = BmaasClient(stack.settings.fulfillment_url, stack.settings.fulfillment_token_file)
+    controller = ClusterOrderController(
+        kube,
+        stack.api,
+        InstanceTypeCatalog(bmaas),
+        resync_seconds=resync_seconds,
+        error_backoff=(0.2, 2.0),
+        decommission_poll_seconds=5.0,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    running = RunningController(controller, kube, bmaas, task, stop)
+    await eventually(_synced(running), "the controller's informer to sync", timeout=60)
+    return running
+
+
+def _synced(running: RunningController) -> Any:
+    async def probe() -> bool:
+        if running.task.done():
+            running.task.result()  # surface a crash instead of waiting out the deadline
+        return running.controller.synced
+
+    return probe
+
+
+@contextlib.asynccontextmanager
+async def controller(stack: Stack, **kwargs: Any) -> AsyncIterator[RunningController]:
+    running = await start_controller(stack, **kwargs)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+# ------------------------------------------------------------------------------------- orders
+
+
+def order_body(
+    ref: OrderRef,
+    node_requests: list[dict[str, Any]],
+    *,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": ref.name, "namespace": ref.namespace}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "osac.openshift.io/v1alpha1",
+        "kind": "ClusterOrder",
+        "metadata": metadata,
+        "spec": {
+            "templateID": "ocp_4_18_small",
+            "releaseImage": RELEASE_IMAGE,
+            "pullSecret": PULL_SECRET,
+            "sshPublicKey": SSH_KEY,
+            "nodeRequests": node_requests,
+        },
+    }
+
+
+def bare_metal(**counts: int) -> list[dict[str, Any]]:
+    """`bare_metal(bm_standard=2)` -> nodeRequests entries (underscores become dashes)."""
+    return [
+        {"numberOfNodes": count, "bareMetal": {"instanceType": kind.replace("_", "-")}}
+        for kind, count in counts.items()
+    ]
+
+
+async def new_namespace(stack: Stack) -> str:
+    namespace = f"s-{uuid.uuid4().hex[:8]}"
+    response = await stack.hub_http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
+    response.raise_for_status()
+    return namespace
+
+
+async def create_order(
+    stack: Stack,
+    node_requests: list[dict[str, Any]],
+    *,
+    namespace: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> OrderRef:
+    ref = OrderRef(namespace=namespace or await new_namespace(stack), name=f"o{uuid.uuid4().hex[:8]}")
+    body = order_body(ref, node_requests, annotations=annotations)
+    response = await stack.hub_http.post(ORDER_PATH.format(namespace=ref.namespace), json=body)
+    response.raise_for_status()
+    return ref
+
+
+async def get_order(stack: Stack, ref: OrderRef) -> dict[str, Any] | None:
+    response = await stack.hub_http.get(f"{ORDER_PATH.format(namespace=ref.namespace)}/{ref.name}")
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+async def patch_order(stack: Stack, ref: OrderRef, patch: dict[str, Any]) -> dict[str, Any]:
+    response = await stack.hub_http.patch(
+        f"{ORDER_PATH.format(namespace=ref.namespace)}/{ref.name}",
+        json=patch,
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+async def delete_order(stack: Stack, ref: OrderRef) -> None:
+    response = await stack.hub_http.delete(f"{ORDER_PATH.format(namespace=ref.namespace)}/{ref.name}")
+    response.raise_for_status()
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def finalizers(obj: dict[str, Any] | None) -> list[str]:
+    return list(((obj or {}).get("metadata") or {}).get("finalizers") or [])
+
+
+async def wait_observed(stack: Stack, running: RunningController, ref: OrderRef, timeout: float = 60) -> None:
+    """Until the controller has reconciled the order as it is on the hub now (a barrier for
+    asserting that it did nothing)."""
+
+    async def probe() -> bool:
+        obj = await get_order(stack, ref)
+        version = str(obj["metadata"]["resourceVersion"]) if obj is not None else ""
+        return running.controller.observed.get(ref.key) == version
+
+    await eventually(probe, f"the controller to have reconciled {ref.key}", timeout)
+
+
+async def wait_condition(
+    stack: Stack, ref: OrderRef, kind: str, status: str, timeout: float = 60
+) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        cond = condition(await get_order(stack, ref), kind)
+        return cond if cond is not None and cond.get("status") == status else None
+
+    return await eventually(probe, f"{kind}={status} on {ref.key}", timeout)
+
+
+# ----------------------------------------------------------------------------------- temporal
+
+
+async def update_names(stack: Stack, ref: OrderRef) -> list[str]:
+    """Names of the updates the workflow accepted, from its history (current run)."""
+    handle = stack.client.get_workflow_handle(cluster_workflow_id(ref))
+    names = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            names.append(
+                event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+            )
+    return names
+
+
+async def run_id(stack: Stack, ref: OrderRef) -> str:
+    description = await stack.client.get_workflow_handle(cluster_workflow_id(ref)).describe()
+    return description.run_id
+
+
+async def workflow_state(stack: Stack, ref: OrderRef) -> WorkflowState:
+    return await stack.api.workflow_state(ref)
+
+
+def cli_env(stack: Stack, temporal_address: str) -> dict[str, str]:
+    """The environment a CLI process needs to reach this stack (as an operator's shell would)."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "OSAC_")) and k != "KUBECONFIG"
+    }
+    env.update(
+        {
+            "TEMPORAL_ADDRESS": temporal_address,
+            "TEMPORAL_NAMESPACE": "default",
+            "TEMPORAL_CONFIG_FILE": "/nonexistent/temporal.toml",
+            "KUBECONFIG": str(stack.lab.hub.kubeconfig),
+            "OSAC_FULFILLMENT_URL": stack.settings.fulfillment_url,
+            "OSAC_FULFILLMENT_TOKEN_FILE": str(stack.settings.fulfillment_token_file),
+            "OSAC_TASK_QUEUE": stack.settings.task_queue,
+            "OSAC_BMAAS_TASK_QUEUE": stack.settings.bmaas_task_queue,
+        }
+    )
+    return env
+
+
+async def wait_ready(stack: Stack, ref: OrderRef, ready: int, timeout: float = 120) -> ClusterWorkersStatus:
+    """Like Stack.wait_ready, but the workflow may not exist yet (the controller starts it) and
+    released workers must be gone, not only on their way out."""
+
+    async def probe() -> ClusterWorkersStatus | None:
+        try:
+            status = await stack.api.status(ref)
+        except OrderNotFound:
+            return None
+        settled = status.ready_workers == ready == status.current_workers == len(status.workers)
+        return status if settled and status.desired_workers == ready else None
+
+    return await eventually(probe, f"{ready} ready workers of {ref.key}", timeout)

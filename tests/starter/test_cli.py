@@ -1,0 +1,198 @@
+"""The `osac-workers` commands as an operator runs them (real processes, configured by environment)
+against a stack with a running controller: output, effects on the ClusterOrder and the workflow,
+and the exit codes of bad input and unreachable servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from contracts.worker import WorkerPhase
+from lab.http_server import free_port
+from tests.starter.harness import (
+    RunningController,
+    bare_metal,
+    cli_env,
+    create_order,
+    get_order,
+    patch_order,
+    start_controller,
+    wait_observed,
+    wait_ready,
+)
+from tests.workflows.stack import Stack, running_stack
+
+CLI = str(Path(sys.executable).parent / "osac-workers")
+UNMANAGED = {"osac.openshift.io/management-state": "unmanaged"}
+CONFIRM = "osac.openshift.io/confirm-scale-down"
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(temporal_env.client, tmp_path_factory.mktemp("cli")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def ctl(stack: Stack) -> AsyncIterator[RunningController]:
+    running = await start_controller(stack)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture(scope="module")
+def env(stack: Stack, temporal_env: WorkflowEnvironment) -> dict[str, str]:
+    return cli_env(stack, temporal_env.client.service_client.config.target_host)
+
+
+async def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, [CLI, *args], env=env, capture_output=True, text=True, timeout=240
+    )
+
+
+def count_of(obj: dict | None, instance_type: str) -> int:
+    for request in (obj or {})["spec"]["nodeRequests"]:
+        if (request.get("bareMetal") or {}).get("instanceType") == instance_type:
+            return int(request["numberOfNodes"])
+    raise AssertionError(f"no node request {instance_type}")
+
+
+async def test_status_as_a_table_and_as_json(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=2))
+    await wait_ready(stack, order, 2)
+    table = await cli(env, "status", order.key)
+    assert table.returncode == 0, table.stderr
+    for name in (order.worker_name(0), order.worker_name(1)):
+        assert name in table.stdout
+    assert "Ready" in table.stdout and "ready 2/2" in table.stdout
+    as_json = await cli(env, "status", order.key, "--output", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["ready_workers"] == 2
+    assert {w["phase"] for w in data["workers"]} == {WorkerPhase.READY.value}
+    assert all(w["resourceID"] for w in data["workers"])  # the OSAC status.workers[] shape
+
+
+async def test_scale_and_a_named_scale_down_keep_the_order_and_the_workflow_in_agreement(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=2))
+    await wait_ready(stack, order, 2)
+
+    scaled = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "3")
+    assert scaled.returncode == 0, scaled.stderr
+    assert "taken by the workflow" in scaled.stdout
+    assert count_of(await get_order(stack, order), "bm-standard") == 3  # the source of truth changed
+    await wait_ready(stack, order, 3)
+
+    victim = order.worker_name(1)
+    down = await cli(env, "scale-down", order.key, victim)
+    assert down.returncode == 0, down.stderr
+    assert count_of(await get_order(stack, order), "bm-standard") == 2
+    status = await wait_ready(stack, order, 2)
+    await wait_observed(stack, ctl, order)
+    # Exactly the named worker left, and the controller did not provision a replacement.
+    status = await stack.api.status(order)
+    assert {w.name for w in status.workers} == {order.worker_name(0), order.worker_name(2)}
+    assert [(n.name, n.count) for n in status.node_sets] == [("bm-standard", 2)]
+
+
+async def test_a_mass_scale_down_needs_confirm(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=3))
+    await wait_ready(stack, order, 3)
+    refused = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "0")
+    assert refused.returncode == 1
+    assert "lowering the order from 3 to 0 workers" in refused.stderr
+    assert count_of(await get_order(stack, order), "bm-standard") == 3  # refused before the order changed
+
+    confirmed = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "0", "--confirm")
+    assert confirmed.returncode == 0, confirmed.stderr
+    await wait_ready(stack, order, 0)
+    obj = await get_order(stack, order)
+    assert count_of(obj, "bm-standard") == 0
+    # The confirmation was for this change only: the guard protects the next one again.
+    assert CONFIRM not in ((obj or {})["metadata"].get("annotations") or {})
+
+
+async def test_watch_follows_an_order_until_it_settles(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=1, bm_gpu=1))
+    watched = await cli(env, "watch", order.key, "--timeout", "180")
+    assert watched.returncode == 0, watched.stderr
+    assert "ready 2/2" in watched.stdout
+    missing = await cli(env, "watch", f"{order.namespace}/nothing-here", "--timeout", "1")
+    assert missing.returncode == 1
+    assert "no workers workflow appeared" in missing.stderr
+
+
+async def test_decommission_of_an_order_the_controller_leaves_alone(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    refused = await cli(env, "decommission", order.key, "--timeout", "180")
+    assert refused.returncode == 1
+    assert "still asks for 1 bare-metal worker" in refused.stderr
+    # The operator takes the order over, as the refusal suggests, then decommissions.
+    await patch_order(stack, order, {"metadata": {"annotations": UNMANAGED}})
+    result = await cli(env, "decommission", order.key, "--timeout", "180")
+    assert result.returncode == 0, result.stderr
+    assert "decommissioned" in result.stdout
+    assert await stack.bmis(order) == []
+
+
+async def test_refusals_exit_1_with_the_reason(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    cases: list[tuple[list[str], str]] = [
+        (["status", f"{order.namespace}/missing"], "no workers workflow exists"),
+        (["scale", order.key, "--node-set", "bm-large", "--count", "1"], "no bare-metal node set 'bm-large'"),
+        (
+            ["scale", order.key, "--node-set", "bm-standard", "--count", "-1"],
+            "node_sets[0].count: must not be negative",
+        ),
+        (["scale", order.key, "--node-set", "bm-standard", "--count", "101"], "exceed the maximum of 100"),
+        (
+            ["scale", f"{order.namespace}/missing", "--node-set", "bm-standard", "--count", "1"],
+            "no ClusterOrder",
+        ),
+        (["scale-down", order.key, "nope"], "has no worker 'nope'"),
+    ]
+    results = await asyncio.gather(*(cli(env, *args) for args, _ in cases))
+    for (args, message), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+    # Nothing changed.
+    assert count_of(await get_order(stack, order), "bm-standard") == 1
+    assert (await stack.api.status(order)).ready_workers == 1
+
+
+async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str, str]) -> None:
+    bad = await cli(env, "status", "not-an-order")
+    assert bad.returncode == 2
+    assert "expected <namespace>/<order>" in bad.stderr
+    no_temporal = await cli({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}, "status", "ns/order")
+    assert no_temporal.returncode == 3
+    assert "cannot reach Temporal" in no_temporal.stderr
+    no_hub = await cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w")
+    assert no_hub.returncode == 3
+    assert "KUBECONFIG" in no_hub.stderr

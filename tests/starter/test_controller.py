@@ -1,0 +1,215 @@
+"""The ClusterOrder controller against the hub twin, the BMaaS twin, a real worker and Temporal:
+create, change, unmanaged, delete with the finalizer, invalid orders."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from contracts.refs import OrderRef
+from contracts.workflows import cluster_workflow_id
+from starter.api import WorkflowState
+from tests.starter.harness import (
+    FINALIZER,
+    RunningController,
+    bare_metal,
+    condition,
+    create_order,
+    delete_order,
+    finalizers,
+    get_order,
+    patch_order,
+    run_id,
+    start_controller,
+    update_names,
+    wait_condition,
+    wait_observed,
+    wait_ready,
+    workflow_state,
+)
+from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack
+
+UNMANAGED = {"osac.openshift.io/management-state": "unmanaged"}
+CONFIRM = "osac.openshift.io/confirm-scale-down"
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    async with running_stack(temporal_env.client, tmp_path_factory.mktemp("controller")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def ctl(stack: Stack) -> AsyncIterator[RunningController]:
+    running = await start_controller(stack)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+async def test_create_change_and_delete_with_the_finalizer(stack: Stack, ctl: RunningController) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=2))
+
+    # Create: finalizer first, then the workflow, then the condition recording the generation.
+    accepted = await wait_condition(stack, order, "NodeRequestsValid", "True")
+    assert accepted["reason"] == "NodeRequestsAccepted"
+    assert accepted["observedGeneration"] == 1
+    obj = await get_order(stack, order)
+    assert FINALIZER in finalizers(obj)
+    assert "pullSecret" in (obj or {})["spec"]  # the order is the tenant's; we only never copy it
+    await wait_ready(stack, order, 2)
+    first_run = await run_id(stack, order)
+    # The pull secret stays on the hub: nothing of it in the workflow's inputs or history.
+    history = await stack.client.get_workflow_handle(cluster_workflow_id(order)).fetch_history()
+    payloads = " ".join(_payload_texts(history.to_json_dict()))
+    assert order.name in payloads  # the decoding works: the order's facts are there
+    encoded = json.loads(PULL_SECRET)["auths"]["quay.io"]["auth"]
+    assert encoded not in payloads and base64.b64decode(encoded).decode() not in payloads
+
+    # Change: the order's count is the source of truth.
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=3)}})
+    await wait_ready(stack, order, 3)
+    cond = await wait_condition(stack, order, "NodeRequestsValid", "True")
+    assert "bm-standard=3" in cond["message"]
+    assert await run_id(stack, order) == first_run
+    assert await update_names(stack, order) == ["set_node_sets", "set_node_sets"]
+
+    # Delete: the order stays (finalizer) until the workflow has released and wiped every host.
+    bmis = {b["id"] for b in await stack.bmis(order)}
+    assert len(bmis) == 3
+    await delete_order(stack, order)
+
+    async def gone() -> bool:
+        obj = await get_order(stack, order)
+        if obj is not None:
+            assert obj["metadata"].get("deletionTimestamp")
+            assert FINALIZER in finalizers(obj)
+        return obj is None
+
+    await eventually(gone, f"{order.key} to be finalized", timeout=120)
+    assert await workflow_state(stack, order) == WorkflowState.COMPLETED
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    audit = await stack.audit()
+    wiped = {r["bmi_id"] for r in audit if r["kind"] == "WIPE_FINISHED"}
+    assert bmis <= wiped
+    assert await stack.audit_violations() == []
+
+
+async def test_unmanaged_orders_are_left_alone(stack: Stack, ctl: RunningController) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=1), annotations=UNMANAGED)
+    await wait_observed(stack, ctl, order)
+    obj = await get_order(stack, order)
+    assert finalizers(obj) == []
+    assert condition(obj, "NodeRequestsValid") is None
+    assert await workflow_state(stack, order) == WorkflowState.ABSENT
+
+    # A managed order that becomes unmanaged keeps its workers but no longer follows its spec.
+    managed = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, managed, 1)
+    await patch_order(stack, managed, {"metadata": {"annotations": UNMANAGED}})
+    await patch_order(stack, managed, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
+    await wait_observed(stack, ctl, managed)
+    status = await stack.api.status(managed)
+    assert [(n.name, n.count) for n in status.node_sets] == [("bm-standard", 1)]
+    # Handing it back: the controller picks the spec up again.
+    await patch_order(
+        stack, managed, {"metadata": {"annotations": {"osac.openshift.io/management-state": None}}}
+    )
+    await wait_ready(stack, managed, 2)
+
+
+async def test_orders_without_bare_metal_requests_are_ignored(stack: Stack, ctl: RunningController) -> None:
+    order = await create_order(stack, [{"numberOfNodes": 2, "resourceClass": "vm-small"}])
+    await wait_observed(stack, ctl, order)
+    obj = await get_order(stack, order)
+    assert finalizers(obj) == []
+    assert condition(obj, "NodeRequestsValid") is None
+    assert await workflow_state(stack, order) == WorkflowState.ABSENT
+
+
+@pytest.mark.parametrize(
+    ("node_requests", "field", "detail"),
+    [
+        (bare_metal(bm_nope=1), "node_sets[0].instance_type", "'bm-nope'"),
+        (
+            [{"numberOfNodes": 1, "bareMetal": {"instanceType": "BM_Standard"}}],
+            "nodeRequests[0]",
+            "DNS label",
+        ),
+        (bare_metal(bm_standard=1) + bare_metal(bm_standard=2), "nodeRequests[1]", "duplicate"),
+        (bare_metal(bm_standard=101), "node_sets[].count", "maximum of 100"),
+    ],
+    ids=["unknown-instance-type", "malformed-instance-type", "duplicate-instance-type", "over-the-maximum"],
+)
+async def test_invalid_orders_get_a_condition_and_nothing_is_allocated(
+    stack: Stack, ctl: RunningController, node_requests: list, field: str, detail: str
+) -> None:
+    order = await create_order(stack, node_requests)
+    cond = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    assert cond["reason"] == "InvalidNodeRequests"
+    assert field in cond["message"] and detail in cond["message"], cond["message"]
+    await wait_observed(stack, ctl, order)
+    assert await workflow_state(stack, order) == WorkflowState.ABSENT
+    assert await stack.bmis(order) == []
+    assert finalizers(await get_order(stack, order)) == []
+
+    # Fixed by the tenant: the same order is accepted and provisioned.
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=1)}})
+    await wait_condition(stack, order, "NodeRequestsValid", "True")
+    await wait_ready(stack, order, 1)
+    await delete_order(stack, order)
+    await eventually(lambda: _absent(stack, order), f"{order.key} finalized", timeout=120)
+
+
+async def test_an_invalid_change_keeps_the_running_workers(stack: Stack, ctl: RunningController) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=1, bm_nope=1)}})
+    cond = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    assert "'bm-nope'" in cond["message"]
+    status = await stack.api.status(order)
+    assert [(n.name, n.count) for n in status.node_sets] == [("bm-standard", 1)]
+    assert status.ready_workers == 1
+
+
+async def _absent(stack: Stack, order: OrderRef) -> bool:
+    return await get_order(stack, order) is None
+
+
+async def test_a_mass_scale_down_waits_for_the_confirmation_annotation(
+    stack: Stack, ctl: RunningController
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=3))
+    await wait_ready(stack, order, 3)
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=0)}})
+    refused = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    assert "lowering the order from 3 to 0 workers" in refused["message"]
+    assert CONFIRM in refused["message"]
+    assert (await stack.api.status(order)).ready_workers == 3  # nothing left
+
+    await patch_order(stack, order, {"metadata": {"annotations": {CONFIRM: "true"}}})
+    await wait_condition(stack, order, "NodeRequestsValid", "True")
+    await wait_ready(stack, order, 0)
+
+
+def _payload_texts(node: Any) -> list[str]:
+    """Every payload's data in a history (JSON form: base64 `data` beside `metadata`), decoded."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        if isinstance(node.get("data"), str) and "metadata" in node:
+            found.append(base64.b64decode(node["data"]).decode(errors="replace"))
+        for value in node.values():
+            found.extend(_payload_texts(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_payload_texts(value))
+    return found

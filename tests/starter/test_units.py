@@ -1,0 +1,170 @@
+"""Pure parts of the starter: the validator rules kept in step with the workflow's, the timing
+policy settings, the controller's work queue and update ids, the generated schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from contracts.worker import TimingPolicy
+from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets
+from starter import schemas
+from starter.api import WorkflowState
+from starter.config import StarterSettings, TimingPreset, demo_policy
+from starter.controller import WorkQueue, apply_id
+from starter.validation import node_set_problem, same_node_sets
+from workflows.cluster_workers import ClusterWorkersWorkflow
+
+TYPES = ["bm-gpu", "bm-standard"]
+
+
+def ns(name: str, count: int, instance_type: str | None = None) -> NodeSetRequest:
+    # model_construct: negative counts must reach the rules, as they would from an order's spec
+    return NodeSetRequest.model_construct(name=name, instance_type=instance_type or name, count=count)
+
+
+CASES = {
+    "valid": [ns("bm-standard", 3), ns("bm-gpu", 1)],
+    "empty": [],
+    "duplicate": [ns("bm-standard", 1), ns("bm-standard", 2)],
+    "negative": [ns("bm-gpu", 1), ns("bm-standard", -1)],
+    "unknown-type": [ns("bm-standard", 1), ns("bm-nope", 1)],
+    "over-the-maximum": [ns("bm-standard", 6), ns("bm-gpu", 5)],
+    "exactly-the-maximum": [ns("bm-standard", 5), ns("bm-gpu", 5)],
+}
+
+
+def workflow_verdict(
+    node_sets: list[NodeSetRequest], instance_types: list[str], maximum: int, current: int, confirm: bool
+) -> str | None:
+    """What the workflow's own `set_node_sets` validator says (called on a stand-in instance)."""
+    stand_in = SimpleNamespace(
+        _decommissioning=False,
+        _instance_types=set(instance_types),
+        _node_sets={"bm-standard": ns("bm-standard", current)},
+        _input=SimpleNamespace(max_workers_per_order=maximum, scale_down_guard=ScaleDownGuard()),
+    )
+    command = SetNodeSets.model_construct(node_sets=node_sets, confirm_scale_down=confirm)
+    try:
+        ClusterWorkersWorkflow._validate_node_sets(stand_in, command)  # type: ignore[arg-type]
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("instance_types", [TYPES, []], ids=["catalog", "no-catalog"])
+@pytest.mark.parametrize(
+    ("current", "confirm"), [(0, False), (9, False), (9, True)], ids=["new", "9", "9-confirmed"]
+)
+def test_the_starter_rules_say_what_the_workflow_validator_says(
+    case: str, instance_types: list[str], current: int, confirm: bool
+) -> None:
+    node_sets = CASES[case]
+    expected = workflow_verdict(node_sets, instance_types, 10, current, confirm)
+    problem = node_set_problem(
+        node_sets, instance_types, 10, current_total=current, confirm_scale_down=confirm
+    )
+    assert problem == expected
+    # The cases do exercise each rule (not only agree on "fine").
+    guarded = current == 9 and not confirm and sum(n.count for n in node_sets) < 5
+    if case in ("valid", "exactly-the-maximum", "empty") and not guarded:
+        assert expected is None
+    elif case == "unknown-type" and not instance_types and not guarded:
+        assert expected is None
+    else:
+        assert expected is not None
+
+
+def test_same_node_sets_ignores_order_but_not_counts_or_types() -> None:
+    a = [ns("bm-standard", 3), ns("bm-gpu", 1)]
+    assert same_node_sets(a, list(reversed(a)))
+    assert not same_node_sets(a, [ns("bm-standard", 3), ns("bm-gpu", 2)])
+    assert not same_node_sets(a, [ns("bm-standard", 3), ns("bm-gpu", 1, "bm-standard")])
+    assert not same_node_sets(a, a[:1])
+
+
+def test_update_ids_are_the_same_for_the_same_change_and_differ_otherwise() -> None:
+    desired, observed = [ns("bm-standard", 3)], [ns("bm-standard", 2)]
+    one = apply_id("uid-1", 4, desired, observed, WorkflowState.RUNNING)
+    assert one == apply_id("uid-1", 4, list(desired), list(observed), WorkflowState.RUNNING)
+    others = {
+        apply_id("uid-2", 4, desired, observed, WorkflowState.RUNNING),
+        apply_id("uid-1", 5, desired, observed, WorkflowState.RUNNING),
+        apply_id("uid-1", 4, [ns("bm-standard", 4)], observed, WorkflowState.RUNNING),
+        apply_id("uid-1", 4, desired, [ns("bm-standard", 1)], WorkflowState.RUNNING),
+        apply_id("uid-1", 4, desired, None, WorkflowState.ABSENT),
+        apply_id("uid-1", 4, desired, None, WorkflowState.COMPLETED),
+    }
+    assert one not in others and len(others) == 6
+
+
+def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OSAC_TIMING_POLICY", raising=False)
+    monkeypatch.delenv("OSAC_TIMING_POLICY_FILE", raising=False)
+    assert StarterSettings().policy() == TimingPolicy()  # production defaults unless told otherwise
+    monkeypatch.setenv("OSAC_TIMING_POLICY", "demo")
+    assert StarterSettings().timing_policy == TimingPreset.DEMO
+    assert StarterSettings().policy() == demo_policy()
+    assert demo_policy().agent_registration_timeout < TimingPolicy().agent_registration_timeout
+    overrides = tmp_path / "policy.json"
+    overrides.write_text(json.dumps({"agent_registration_timeout": 42, "status_coalesce": "PT1S"}))
+    monkeypatch.setenv("OSAC_TIMING_POLICY_FILE", str(overrides))
+    policy = StarterSettings().policy()
+    assert policy.agent_registration_timeout == timedelta(seconds=42)
+    assert policy.status_coalesce == timedelta(seconds=1)
+    assert policy.transient_backoff == demo_policy().transient_backoff  # the rest from the preset
+    monkeypatch.setenv("OSAC_TIMING_POLICY", "fastest")
+    with pytest.raises(ValueError, match="timing_policy"):
+        StarterSettings()
+
+
+async def test_the_work_queue_dedupes_and_never_hands_out_a_key_twice_at_once() -> None:
+    queue = WorkQueue()
+    queue.add("a")
+    queue.add("a", full=True)
+    queue.add("b")
+    assert len(queue) == 2
+    key, full = await queue.get()
+    assert (key, full) == ("a", True)  # the flags of duplicates are merged
+    queue.add("a")  # while "a" is processed: queued again only after done()
+    assert await queue.get() == ("b", False)
+    getter = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    assert not getter.done()
+    queue.done("a")
+    assert await asyncio.wait_for(getter, 5) == ("a", False)
+    queue.done("a")
+    queue.add_after("c", 0.05)
+    queue.add_after("c", 30)  # a later timer for the same key does not postpone the earlier one
+    assert await asyncio.wait_for(queue.get(), 5) == ("c", True)
+    queue.close()
+
+
+def test_the_schemas_in_the_repository_are_up_to_date() -> None:
+    assert schemas.stale() == [], "run: python -m starter.schemas"
+
+
+def test_the_schemas_name_every_handler_and_a_stale_file_is_found(tmp_path: Path) -> None:
+    contract = json.loads(schemas.generate()[schemas.CONTRACT_FILE])
+    cluster = contract["workflows"]["ClusterWorkersWorkflow"]
+    assert cluster["updates"]["set_node_sets"] == {
+        "arg": "SetNodeSets.json",
+        "result": "ClusterWorkersStatus.result.json",
+    }
+    assert cluster["signals"]["scale_down_worker"] == {"arg": "ScaleDownWorker.json"}
+    assert cluster["queries"]["status"] == {"result": "ClusterWorkersStatus.result.json"}
+    assert contract["workflows"]["WorkerNodeWorkflow"]["queries"]["status"] == {
+        "result": "WorkerStatus.result.json"
+    }
+    schemas.write(tmp_path)
+    assert schemas.stale(tmp_path) == []
+    (tmp_path / "SetNodeSets.json").write_text("{}\n")
+    (tmp_path / "Gone.json").write_text("{}\n")
+    assert schemas.stale(tmp_path) == ["Gone.json", "SetNodeSets.json"]
+    assert schemas.main(["--check", "--dir", str(tmp_path)]) == 1
