@@ -13,7 +13,7 @@ from tests.conftest import start_dev_server
 from tests.workflows.stack import Stack, eventually, running_stack
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
-SUGGEST_AFTER_EVENTS = 40
+SUGGEST_AFTER_EVENTS = 25
 
 
 @pytest.fixture(scope="module")
