@@ -57,8 +57,15 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
     assert status.ready_workers == 2 and status.desired_workers == 2
     await stack.apply(order, {"bm-standard": 3})
     await stack.api.scale_down_worker(order, order.worker_name(0))
-    status = await stack.wait_ready(order, 2)
-    assert {w.name for w in status.workers} == {order.worker_name(1), order.worker_name(2)}
+    expected = {order.worker_name(1), order.worker_name(2)}
+
+    async def settled() -> bool:
+        # Ready counts can match while the released worker is still Deleting: wait for it to go.
+        st = await stack.api.status(order)
+        return {w.name for w in st.workers} == expected and st.ready_workers == 2
+
+    await eventually(settled, f"exactly {sorted(expected)} Ready")
+    status = await stack.api.status(order)
     assert status.node_sets[0].count == 2
 
     final = await stack.decommission_and_wait(order)
