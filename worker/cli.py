@@ -12,7 +12,7 @@ import uvicorn
 from worker.codec import CodecConfigError, codec_from_env, generate_key_entry
 from worker.codec_server import DEFAULT_UI_ORIGIN, create_codec_app
 from worker.health import split_bind
-from worker.main import MissingSearchAttributes, install_stop_signals, run_worker
+from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
 from worker.settings import Settings
 from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect
@@ -52,7 +52,7 @@ def worker_command(
 
     try:
         asyncio.run(main())
-    except MissingSearchAttributes as err:
+    except (MissingSearchAttributes, BackendRejectedCredentials) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
     except RuntimeError as err:

@@ -25,10 +25,12 @@ from temporalio.worker import Worker
 from activities.assisted import AssistedActivities
 from activities.bmaas.activities import BmaasActivities
 from activities.bmaas.client import BmaasClient
+from activities.bmaas.errors import BmaasApiError
 from activities.bmaas.watcher import BmiWatcher
 from activities.hub import HubActivities
 from activities.kube import HubKube
 from contracts.activities import BmaasActivity, HubActivity
+from contracts.bmaas import BmaasErrorType
 from worker.health import serve_health
 from worker.settings import Settings
 from workflows.cluster_workers import ClusterWorkersWorkflow
@@ -109,6 +111,26 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         await backends.close()
 
 
+class BackendRejectedCredentials(RuntimeError):
+    """A backend refused this process's credentials: no worker should start polling for work."""
+
+
+async def check_credentials(backends: Backends, settings: Settings) -> None:
+    """Probe BMaaS once with the configured token, so a wrong one stops the worker at start with a
+    clear message instead of failing every order silently. An unreachable BMaaS is not fatal:
+    activities wait it out with retries."""
+    try:
+        await backends.bmaas_client.request("GET", "/bare_metal_instance_types", params={"limit": 1})
+    except BmaasApiError as err:
+        if err.error_type in (BmaasErrorType.UNAUTHENTICATED, BmaasErrorType.PERMISSION_DENIED):
+            raise BackendRejectedCredentials(
+                f"BMaaS at {settings.fulfillment_url} rejected the token read from"
+                f" OSAC_FULFILLMENT_TOKEN_FILE={settings.fulfillment_token_file}"
+                f" ({err.http_status} {err.error_type.value})"
+            ) from None
+        log.warning("BMaaS is not answering at start (%s); activities will retry", err.error_type.value)
+
+
 def check_registered_activities(backends: Backends) -> None:
     """Every activity a workflow calls must be registered, or workers would wait forever on it."""
     bmaas = {fn.__temporal_activity_definition.name for fn in backends.bmaas_activities()}
@@ -165,6 +187,7 @@ async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) ->
     await check_search_attributes(client)
     async with open_backends(settings) as backends:
         check_registered_activities(backends)
+        await check_credentials(backends, settings)
         workers = build_workers(client, settings, backends)
         started = asyncio.Event()
 
