@@ -1,0 +1,80 @@
+"""Fetched histories, reduced to what the figures need: event counts and activity timestamps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
+
+
+@dataclass
+class ActivityCall:
+    name: str
+    scheduled: float
+    started: float | None = None
+    closed: float | None = None
+
+
+@dataclass
+class RunHistory:
+    workflow_id: str
+    run_id: str
+    workflow_type: str
+    events: int
+    activities: list[ActivityCall] = field(default_factory=list)
+    event_types: Counter[str] = field(default_factory=Counter)
+
+
+def _seconds(event: HistoryEvent) -> float:
+    return event.event_time.seconds + event.event_time.nanos / 1e9
+
+
+_CLOSED = {
+    EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity_task_completed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: "activity_task_timed_out_event_attributes",
+    EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: "activity_task_canceled_event_attributes",
+}
+
+
+def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[HistoryEvent]) -> RunHistory:
+    run = RunHistory(workflow_id, run_id, workflow_type, len(events))
+    by_scheduled: dict[int, ActivityCall] = {}
+    for event in events:
+        run.event_types[EventType.Name(event.event_type)] += 1
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            call = ActivityCall(
+                event.activity_task_scheduled_event_attributes.activity_type.name, _seconds(event)
+            )
+            by_scheduled[event.event_id] = call
+            run.activities.append(call)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started = by_scheduled.get(event.activity_task_started_event_attributes.scheduled_event_id)
+            if started is not None:
+                started.started = _seconds(event)
+        elif event.event_type in _CLOSED:
+            attributes = getattr(event, _CLOSED[event.event_type])
+            closed = by_scheduled.get(attributes.scheduled_event_id)
+            if closed is not None:
+                closed.closed = _seconds(event)
+    return run
+
+
+async def fetch_task_queue(client: Client, task_queue: str, concurrency: int = 16) -> list[RunHistory]:
+    """Every run (continued-as-new runs included) of every workflow on the task queue."""
+    executions = [
+        (w.id, w.run_id, w.workflow_type)
+        async for w in client.list_workflows(f"TaskQueue = '{task_queue}'")
+    ]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(workflow_id: str, run_id: str, workflow_type: str) -> RunHistory:
+        async with gate:
+            history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        return reduce(workflow_id, run_id, workflow_type, list(history.events))
+
+    return list(await asyncio.gather(*(one(*e) for e in executions)))

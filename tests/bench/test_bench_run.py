@@ -1,0 +1,61 @@
+"""The benchmark harness end to end in a tiny mode: every figure present and sane (no timing asserts).
+
+Runs `python -m bench.run` as a real process (own dev server, twins and worker processes) with three
+workers, the 1x profile only and three workers held for density."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.latency import EVENTS
+from bench.run import TOP_LEVEL_KEYS
+
+
+def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
+    results_dir = tmp_path / "results"
+    command = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--n=3",
+        "--profile-n=3",
+        "--density=3",
+        "--cost-profiles=1x",
+        "--hold=1",
+        "--ready-hold=1",
+        f"--results-dir={results_dir}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    [path] = [p for p in results_dir.glob("*.json") if not p.name.endswith(".details.json")]
+    results = json.loads(path.read_text())
+    assert tuple(results) == TOP_LEVEL_KEYS
+    assert results["n"] == 3
+    assert results["floor_ratio"] > 0
+
+    for key in ("history_events_per_lifecycle", "hub_requests_per_lifecycle", "bmaas_requests_per_lifecycle"):
+        figure = results[key]
+        one = figure["1x"]
+        assert 0 < one["min"] <= one["median"] <= one["max"], (key, one)
+        assert figure["10x"] is None and figure["ratio"] is None  # 10x was not run
+    by_type = results["history_events_per_lifecycle"]["by_workflow_type"]
+    assert all(cost["1x"]["median"] > 0 for cost in by_type.values())
+
+    reaction = results["reaction_latency_s"]
+    assert set(reaction) == set(EVENTS)
+    for event, figures in reaction.items():
+        assert figures["p50"] is not None and 0 <= figures["p50"] <= figures["p99"], (event, figures)
+
+    assert results["rss_mb_per_1000_ready"] > 0
+    assert results["cpu_s_per_1000_ready"] >= 0
+    assert results["machine"]["cores"] >= 1 and results["machine"]["memory_mb"] > 0
+    assert results["versions"]["temporalio"] != "absent"
+
+    details = json.loads(path.with_name(path.stem + ".details.json").read_text())
+    assert details["floor"]["audit_violations"] == 0
+    assert details["cost_1x"]["audit_violations"] == 0
+    assert details["density"]["workers"] == 3
