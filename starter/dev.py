@@ -49,6 +49,7 @@ from lab.fulfillment.timings import TimingProfile
 from lab.serve import ADMIN_TOKEN_FILE, FULFILLMENT_URL_KEY, HUB_URL_KEY, KUBECONFIG_FILE
 from lab.serve import ENDPOINTS_FILE as LAB_ENDPOINTS_FILE
 from starter.config import TimingPreset
+from worker.telemetry import metrics_url
 from worker.temporal_client import connect
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
 
@@ -101,6 +102,7 @@ class Endpoints(BaseModel):
     temporal_ui_url: str
     fulfillment_url: str
     hub_url: str
+    worker_metrics_url: str | None = None
 
 
 def _executable(name: str) -> list[str]:
@@ -496,8 +498,11 @@ async def up(options: DevOptions, echo: Callable[[str], None] = print) -> Endpoi
             "SSL_CERT_FILE": str(bundle),
         }
 
-        # The worker.
-        worker_env = _child_env({**shared, "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "5"})
+        # The worker, with its Prometheus endpoint (SDK and product metrics) on a free port.
+        metrics_bind = f"{HOST}:{_pick(0)}"
+        worker_env = _child_env(
+            {**shared, "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "5", "OSAC_METRICS_BIND": metrics_bind}
+        )
         record = _spawn(
             state, Component.WORKER, [*_executable("osac-workers"), "worker"], worker_env, "worker"
         )
@@ -529,7 +534,11 @@ async def up(options: DevOptions, echo: Callable[[str], None] = print) -> Endpoi
         raise
 
     endpoints = Endpoints(
-        temporal_address=address, temporal_ui_url=ui_url, fulfillment_url=fulfillment_url, hub_url=hub_url
+        temporal_address=address,
+        temporal_ui_url=ui_url,
+        fulfillment_url=fulfillment_url,
+        hub_url=hub_url,
+        worker_metrics_url=metrics_url(metrics_bind),
     )
     tmp = state.path / f".{ENDPOINTS_FILE}.tmp"
     tmp.write_text(json.dumps(endpoints.model_dump(), indent=2, sort_keys=True) + "\n")

@@ -10,6 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import httpx
 import kubernetes
 
 from starter.dev import Component, ProcessRecord
@@ -38,7 +39,14 @@ def test_dev_up_an_order_becomes_ready_dev_down(tmp_path: Path) -> None:
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         endpoints = json.loads((state / "endpoints.json").read_text())
-        assert set(endpoints) == {"temporal_address", "temporal_ui_url", "fulfillment_url", "hub_url"}
+        assert set(endpoints) == {
+            "temporal_address",
+            "temporal_ui_url",
+            "fulfillment_url",
+            "hub_url",
+            "worker_metrics_url",
+        }
+        assert httpx.get(endpoints["worker_metrics_url"], timeout=10).status_code == 200
         assert stat.S_IMODE((state / "kubeconfig").stat().st_mode) == 0o600
         assert (state / "temporal.db").exists()
         for component in Component:
