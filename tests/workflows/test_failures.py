@@ -48,7 +48,8 @@ async def stack(
     temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
     policy = fast_policy(
-        agent_registration_timeout=timedelta(seconds=4),
+        # Headroom for a loaded CI machine: registration and correlation must fit well inside it.
+        agent_registration_timeout=timedelta(seconds=10),
         agent_install_timeout=timedelta(seconds=30),
         wipe_stuck_after=timedelta(seconds=2),
     )
