@@ -28,11 +28,12 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -49,6 +50,7 @@ from bench.stack import BenchStack, Order, bench_stack, spawn, stop_process, wai
 from contracts.worker import TimingPolicy
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
 
+T = TypeVar("T")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TOP_LEVEL_KEYS = (
     "floor_ratio",
@@ -677,8 +679,19 @@ def temporal_binary() -> str:
     return found
 
 
+async def _phase(name: str, failures: dict[str, str], work: Awaitable[T]) -> T | None:
+    """Run a phase; a phase that fails leaves its figures empty (null) instead of losing the run."""
+    try:
+        return await work
+    except Exception as exc:
+        console.log(f"[red]{name} failed:[/] {type(exc).__name__}: {exc}")
+        failures[name] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
 async def run(cfg: Config) -> Path:
     machine = proc.machine()
+    failures: dict[str, str] = {}
     workdir = Path(tempfile.mkdtemp(prefix="osac-bench-"))
     console.log(f"work directory {workdir}")
     env = await WorkflowEnvironment.start_local(
@@ -692,19 +705,27 @@ async def run(cfg: Config) -> Path:
     if cfg.flamegraphs is not None:
         cfg.flamegraphs.mkdir(parents=True, exist_ok=True)
     try:
-        floor = await run_floor(env.client, workdir, cfg) if cfg.floor else None
-        costs = {
-            name: await run_lifecycle(
-                env.client, workdir, name, cfg.profile_n, cfg, observe=True, hold_ready_s=cfg.ready_hold_s
+        floor = await _phase("floor", failures, run_floor(env.client, workdir, cfg)) if cfg.floor else None
+        costs: dict[str, Lifecycle] = {}
+        for name in cfg.cost_profiles:
+            lifecycle = await _phase(
+                name,
+                failures,
+                run_lifecycle(
+                    env.client, workdir, name, cfg.profile_n, cfg, observe=True, hold_ready_s=cfg.ready_hold_s
+                ),
             )
-            for name in cfg.cost_profiles
-        }
-        density = await run_density(env.client, workdir, cfg) if cfg.density else None
+            if lifecycle is not None:
+                costs[name] = lifecycle
+        density = None
+        if cfg.density:
+            density = await _phase("density", failures, run_density(env.client, workdir, cfg))
     finally:
         await env.shutdown()
         if not cfg.keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     results, details = build_results(cfg, floor, costs, density, machine)
+    details["failed_phases"] = failures
     path = write_results(cfg, results, details)
     print_table(results, details)
     console.print(f"results: {path}")

@@ -30,7 +30,7 @@ from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import DEFAULT_MAX_WORKERS_PER_ORDER, NodeSetRequest
 from lab.hub.testing import CONTROLLER_USER
-from starter.api import WorkersApi
+from starter.api import CommandError, WorkersApi
 
 T = TypeVar("T")
 
@@ -153,23 +153,31 @@ class BenchStack:
         )
 
     async def wait_ready(self, orders: list[Order], timeout: float) -> None:
+        wanted = sum(o.workers for o in orders)
+        seen = {"ready": 0}
+
         async def all_ready() -> bool:
+            ready = current = 0
             for order in orders:
                 try:
                     status = await self.api.status(order.ref)
-                except RPCError:
+                except (RPCError, CommandError):  # e.g. a query timing out on a swamped worker
                     return False
-                if status.ready_workers != order.workers or status.current_workers != order.workers:
-                    return False
-            return True
+                ready += min(status.ready_workers, order.workers)
+                current += status.current_workers
+            seen["ready"] = ready
+            return ready == wanted and current == wanted
 
         # Every probe is a query answered by the worker: poll gently, the figures include its cost.
-        await eventually(all_ready, f"{sum(o.workers for o in orders)} Ready workers", timeout, 0.5)
+        try:
+            await eventually(all_ready, f"{wanted} Ready workers", timeout, 0.5)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}; {seen['ready']} of {wanted} were Ready") from None
 
     async def ready_count(self, orders: list[Order]) -> int:
         total = 0
         for order in orders:
-            with contextlib.suppress(RPCError):
+            with contextlib.suppress(RPCError, CommandError):
                 total += (await self.api.status(order.ref)).ready_workers
         return total
 

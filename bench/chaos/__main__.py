@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import shutil
 import sys
 import tempfile
@@ -59,6 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = SHORT if args.short else FULL
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="osac-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    # The twins run in this process: their logs (e.g. a killed worker's dropped request) go to a
+    # file, so the output is the run's story and its invariants.
+    logging.basicConfig(
+        filename=workdir / "twins.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     started = time.monotonic()
     held, total = asyncio.run(run(config, seeds, workdir))

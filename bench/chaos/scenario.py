@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -533,6 +534,18 @@ class ChaosRun:
         return result
 
 
+def _twin_logs_to(path: Path) -> None:
+    """The twins' uvicorn servers log to stderr (a killed worker's dropped request is a traceback
+    there): into the seed's work directory instead, so the output is the run and its invariants."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+
+
 async def run_seed(config: ChaosConfig, seed: int, workdir: Path, log: Log) -> SeedRecord:
     """Everything of one seed in `workdir`: its own Temporal server, twins and worker process."""
     plan = make_plan(config, seed)
@@ -550,6 +563,7 @@ async def run_seed(config: ChaosConfig, seed: int, workdir: Path, log: Log) -> S
             bmaas_timings=CHAOS_BMAAS_TIMINGS,
             in_process_worker=False,
         ) as stack:
+            _twin_logs_to(workdir / "twins.log")
             worker = WorkerProcess(stack.settings, server.address, workdir / "worker.log")
             twins = Twins(stack)
             worker.start()
