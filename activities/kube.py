@@ -727,6 +727,7 @@ class Informer:
         self._synced: asyncio.Event | None = None
         self._stream_thread: ThreadPoolExecutor | None = None
         self._response: Any = None
+        self._delivered = 0  # events of the current watch stream
         self.connected = False
         self.stats = InformerStats()
 
@@ -862,10 +863,11 @@ class Informer:
                     await self._relist()
                     need_list = False
                 opened = loop.time()
-                await self._watch_once(loop)
-                # A clean close (server timeout): resume from the last resourceVersion. A server
-                # that closes at once every time is backed off rather than spun on.
-                if loop.time() - opened < 1.0:
+                delivered = await self._watch_once(loop)
+                # A clean close (server timeout): resume from the last resourceVersion. Only a
+                # server that closes at once with nothing to say is backed off rather than spun on;
+                # a stream that delivered events is resumed at once so the cache never falls behind.
+                if delivered == 0 and loop.time() - opened < 1.0:
                     await asyncio.sleep(delay)
                     delay = min(cap, delay * 2)
                 else:
@@ -876,9 +878,14 @@ class Informer:
                 self.stats.expired += 1
                 need_list = True
                 self.connected = False
-            except Exception as exc:  # broken stream or failed list: re-list after a backoff
+            except Exception as exc:
                 self.connected = False
                 self.stats.disconnects += 1
+                if self._delivered:
+                    # Cut mid-stream after events: the last resourceVersion is good, resume from it.
+                    delay = floor
+                    continue
+                # Broken before anything arrived, or a failed list: re-list after a backoff.
                 need_list = True
                 log.info(
                     "hub watch of %s interrupted (%s); re-listing", self.resource.plural, type(exc).__name__
@@ -900,8 +907,10 @@ class Informer:
         self._synced.set()
         self._notify(None)
 
-    async def _watch_once(self, loop: asyncio.AbstractEventLoop) -> None:
+    async def _watch_once(self, loop: asyncio.AbstractEventLoop) -> int:
+        """Follow one watch stream until it closes; the number of events it delivered."""
         kube, resource, rv = self._kube, self.resource, self._resource_version
+        self._delivered = 0
         stream_thread = self._stream_thread
         assert stream_thread is not None
         response = await loop.run_in_executor(stream_thread, kube._open_watch, resource, rv)
@@ -913,8 +922,9 @@ class Informer:
             while True:
                 line = await loop.run_in_executor(stream_thread, next, lines, None)
                 if line is None:
-                    return
+                    return self._delivered
                 self._apply(json.loads(line))
+                self._delivered += 1
         finally:
             self._response = None
             with contextlib.suppress(Exception):

@@ -222,6 +222,31 @@ async def test_informer_resumes_after_cut_and_relists_after_gone(tmp_path, api):
         hub.stop()
 
 
+async def test_informer_keeps_up_when_every_stream_is_cut_after_one_event(tmp_path, api):
+    """A hub that cuts each watch after an event must not make the cache fall behind: a stream that
+    delivered something is resumed at once (backing off is only for streams that deliver nothing)."""
+    Api = type(api)
+    hub = start_hub(tmp_path)
+    kube = HubKube.from_kubeconfig(str(hub.kubeconfig))
+    try:
+        with httpx.Client(base_url=hub.url, headers=hub.headers(), timeout=30.0) as client:
+            api = Api(client, "default")
+            informer = kube.informer(SECRETS)
+            api.create("Secret", {"metadata": {"name": "first"}})
+            await informer.wait(lambda: informer.get("default", "first"), tick_seconds=1)
+            lists = informer.stats.lists
+            api.set_faults({"watch": {"closeAfterEvents": 1}})
+            for i in range(40):
+                api.create("Secret", {"metadata": {"name": f"s{i}"}})
+            # Backing off (doubling to the cap) after each cut would need minutes for 40 events.
+            await asyncio.wait_for(informer.wait(lambda: informer.get("default", "s39"), tick_seconds=1), 30)
+            assert informer.stats.lists == lists  # resumed from its resourceVersion, never re-listed
+            assert informer.stats.watches >= 10
+    finally:
+        await kube.close()
+        hub.stop()
+
+
 async def test_wait_deadline_and_cancellation(api, api_kube, api_assisted, kit):
     informer = api_kube.informer(AGENTS)
     with pytest.raises(WaitTimedOut):
