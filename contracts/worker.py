@@ -39,6 +39,16 @@ class FailureReason(StrEnum):
     INTERNAL_ERROR = "InternalError"
 
 
+# Failures only a change outside the orchestrator can cure (capacity, an image, the order's
+# configuration): they back off on the long no-hosts table instead of retrying every few seconds.
+WAITING_ON_OUTSIDE_CHANGE = frozenset(
+    {
+        FailureReason.NO_HOSTS_AVAILABLE,
+        FailureReason.RHCOS_IMAGE_NOT_FOUND,
+        FailureReason.DISCOVERY_IGNITION_TOO_LARGE,
+    }
+)
+
 # Tenant-facing text per reason: never host names, MACs, ids or backend error text.
 TENANT_MESSAGES: dict[FailureReason, str] = {
     FailureReason.BMI_PROVISIONING_FAILED: "The bare-metal host could not be provisioned; retrying.",
@@ -101,7 +111,7 @@ class TimingPolicy(BaseModel):
 
     def backoff(self, reason: FailureReason, failures_in_a_row: int) -> timedelta:
         """Backoff before the next attempt after `failures_in_a_row` (>= 1) failures."""
-        if reason == FailureReason.NO_HOSTS_AVAILABLE:
+        if reason in WAITING_ON_OUTSIDE_CHANGE:
             table, cap = self.no_hosts_backoff, self.no_hosts_backoff_cap
         elif reason == FailureReason.AGENT_REGISTRATION_TIMEOUT:
             table, cap = self.registration_timeout_backoff, self.registration_timeout_backoff_cap

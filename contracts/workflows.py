@@ -32,7 +32,9 @@ class NodeSetRequest(BaseModel):
 
     name: str = Field(pattern=DNS_LABEL)
     instance_type: str = Field(pattern=DNS_LABEL)
-    count: int = Field(ge=0)
+    # Not constrained here: the set_node_sets validator names the field when a count is negative,
+    # which a constraint would pre-empt with a bare decoding failure for callers on the wire.
+    count: int
 
 
 class SetNodeSets(BaseModel):

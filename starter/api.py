@@ -219,8 +219,9 @@ class WorkersApi:
     async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
         """Release one named worker; returns its node set with the lowered count."""
         current = await self.status(order)
-        if current.decommissioning:
-            raise CommandError(f"worker: order {order.key} is being decommissioned")
+        if current.finished or current.decommissioning:
+            state = "decommissioned" if current.finished else "being decommissioned"
+            raise CommandError(f"worker: order {order.key} is {state}")
         found = next((w for w in current.workers if w.name == worker), None)
         if found is None:
             known = ", ".join(w.name for w in current.workers) or "none"
@@ -230,15 +231,22 @@ class WorkersApi:
         await self.handle(order).signal(ClusterWorkersWorkflow.scale_down_worker, request)
         return node_set.model_copy(update={"count": max(node_set.count - 1, 0)})
 
-    async def decommission(self, order: OrderRef) -> ClusterWorkersStatus:
+    async def decommission(self, order: OrderRef, *, update_id: str | None = None) -> ClusterWorkersStatus:
+        """Release every worker, then the InfraEnv. `update_id` as in `apply`: a caller retrying
+        the same request after a lost answer gets the first answer instead of a rejection."""
         try:
-            return await self.handle(order).execute_update(ClusterWorkersWorkflow.decommission)
+            return await self.handle(order).execute_update(ClusterWorkersWorkflow.decommission, id=update_id)
         except WorkflowUpdateFailedError as err:
             raise _rejection(err) from err
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            state = await self.workflow_state(order)
+            if state == WorkflowState.ABSENT:
                 raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
-            raise
+            if state == WorkflowState.COMPLETED:
+                raise CommandError(f"decommission: order {order.key} is already decommissioned") from err
+            raise CommandError(f"decommission: the workers workflow of order {order.key} is {state}") from err
 
     async def wait_finished(self, order: OrderRef) -> ClusterWorkersStatus:
         """Block until decommission completed: every BMI gone and the InfraEnv deleted."""

@@ -282,7 +282,7 @@ def controller(
         raise fail(f"cannot start telemetry: {err}", ExitCode.USAGE) from None
 
     async def main() -> None:
-        client = await connect_temporal()
+        client = await connect_temporal(settings.temporal_connect_seconds)
         kube = open_hub(settings)
         bmaas = bmaas_client(settings)
         try:

@@ -17,7 +17,7 @@ from starter.operations import OrderOperations
 from starter.orders import HubOrders
 from starter.validation import InstanceTypeCatalog
 from worker.settings import Settings
-from worker.temporal_client import connect
+from worker.temporal_client import connect_patiently
 
 
 class Unreachable(Exception):
@@ -36,9 +36,10 @@ def open_hub(settings: Settings) -> HubKube:
         raise Unreachable(f"no usable hub configuration (set KUBECONFIG): {err}") from err
 
 
-async def connect_temporal() -> Client:
+async def connect_temporal(retry_for: float = 0.0) -> Client:
+    """Commands fail at once; the long-running controller passes a `retry_for` to wait for it."""
     try:
-        return await connect()
+        return await connect_patiently(retry_for)
     except RuntimeError as err:
         address = os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233 (default)")
         raise Unreachable(f"cannot reach Temporal at {address}: {err}") from err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import typer
 import uvicorn
@@ -15,7 +16,7 @@ from worker.health import split_bind
 from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
 from worker.settings import Settings
 from worker.telemetry import setup_telemetry
-from worker.temporal_client import connect
+from worker.temporal_client import connect_patiently
 
 # Client libraries that log every request URL at INFO; some URLs (the discovery ignition's) carry a
 # token, so they only speak up for warnings.
@@ -42,10 +43,18 @@ def worker_command(
 
     async def main() -> None:
         try:
-            client = await connect()
+            client = await connect_patiently(settings.temporal_connect_seconds)
         except CodecConfigError as err:
             typer.echo(f"error: payload codec: {err}", err=True)
             raise typer.Exit(2) from err
+        except RuntimeError as err:
+            address = os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233 (default)")
+            typer.echo(
+                f"error: cannot reach Temporal at {address} after {settings.temporal_connect_seconds:.0f}s"
+                f" (OSAC_TEMPORAL_CONNECT_SECONDS): {err}",
+                err=True,
+            )
+            raise typer.Exit(3) from err
         stop = asyncio.Event()
         install_stop_signals(stop)
         await run_worker(client, settings, stop)
@@ -55,11 +64,6 @@ def worker_command(
     except (MissingSearchAttributes, BackendRejectedCredentials) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
-    except RuntimeError as err:
-        if "Failed client connect" in str(err) or "connection" in str(err).lower():
-            typer.echo(f"error: cannot reach Temporal: {err}", err=True)
-            raise typer.Exit(2) from err
-        raise
     finally:
         telemetry.shutdown()
 

@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     max_concurrent_activities: int = Field(default=200, gt=0)
     blocking_threads: int = Field(default=32, gt=0)
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
+    # The worker and the controller keep trying to reach Temporal this long at start (0: once).
+    temporal_connect_seconds: float = Field(default=120.0, ge=0)
     controller_namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
     controller_resync_seconds: float = Field(default=300.0, gt=0)
     metrics_bind: str | None = Field(

@@ -10,6 +10,8 @@ come from `worker.telemetry.setup_telemetry()` when the process ran it.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from temporalio.client import Client
@@ -17,6 +19,8 @@ from temporalio.envconfig import ClientConfigProfile
 
 from worker.codec import data_converter_from_env
 from worker.telemetry import Telemetry, process_telemetry
+
+log = logging.getLogger(__name__)
 
 
 async def connect(
@@ -40,3 +44,19 @@ async def connect(
         config["data_converter"] = data_converter_from_env()
     config.update(overrides)
     return await Client.connect(**config)
+
+
+async def connect_patiently(retry_for: float, **kwargs: Any) -> Client:
+    """`connect`, retried for `retry_for` seconds: long-running processes are often started before
+    Temporal is up, or while it restarts, and should not need their supervisor to try again."""
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + retry_for, 0.5
+    while True:
+        try:
+            return await connect(**kwargs)
+        except RuntimeError as err:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("Temporal is not reachable yet (%s); retrying in %.1fs", err, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)

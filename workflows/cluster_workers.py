@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         EventInput,
         EventReason,
         EventType,
+        HubErrorType,
         InfraEnvReady,
         InfraEnvRef,
         OrderFacts,
@@ -263,22 +264,31 @@ class ClusterWorkersWorkflow:
                     FailureReason.RHCOS_IMAGE_NOT_FOUND.value,
                     "No boot image is linked to this cluster version; no workers are created until it is.",
                 )
-                self._changed = False
-                try:
-                    await workflow.wait_condition(
-                        lambda: self._changed,
-                        timeout=self._input.policy.prerequisite_recheck,
-                    )
-                except TimeoutError:
-                    pass
-        if self._decommissioning:
+                await self._recheck_later()
+        ensured: EnsureInfraEnvResult | None = None
+        while not self._decommissioning:
+            try:
+                ensured = await self._hub(
+                    HubActivity.ENSURE_INFRAENV,
+                    order,
+                    EnsureInfraEnvResult,
+                    summary=f"Ensure InfraEnv {order.infraenv_name}",
+                )
+                break
+            except ActivityError as err:
+                if not _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
+                    raise
+                # The tenant can add it to the ClusterOrder at any time: wait for it, never fail.
+                self._set_condition(
+                    OrderConditionType.INFRA_ENV_READY,
+                    ConditionStatus.FALSE,
+                    HubErrorType.PULL_SECRET_MISSING.value,
+                    "spec.pullSecret is not set and no default pull secret is configured;"
+                    " no workers are created until it is.",
+                )
+                await self._recheck_later()
+        if ensured is None:
             return
-        ensured = await self._hub(
-            HubActivity.ENSURE_INFRAENV,
-            order,
-            EnsureInfraEnvResult,
-            summary=f"Ensure InfraEnv {order.infraenv_name}",
-        )
         infraenv = ensured.infraenv
         self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.FALSE, "WaitingForImage")
         await self._until_decommissioned(
@@ -292,6 +302,16 @@ class ClusterWorkersWorkflow:
         )
         self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
         self._events.append(self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {infraenv.name} is ready"))
+
+    async def _recheck_later(self) -> None:
+        """Sit out a missing prerequisite until a command arrives or the recheck interval passes."""
+        self._changed = False
+        try:
+            await workflow.wait_condition(
+                lambda: self._changed, timeout=self._input.policy.prerequisite_recheck
+            )
+        except TimeoutError:
+            pass
 
     async def _until_decommissioned(self, call: Any) -> Any:
         """Await a long wait unless a decommission makes it pointless."""

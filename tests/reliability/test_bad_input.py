@@ -715,11 +715,6 @@ ROWS = [
         "update rejection",
         api_negative_count_on_the_wire,
         ("node_sets[0].count: must not be negative (got -1)",),
-        missing=(
-            "a set_node_sets payload with count -1 fails pydantic decoding inside the workflow"
-            " (NodeSetRequest.count has ge=0), so a non-Python caller gets 'Failed decoding arguments'"
-            " instead of the validator's node_sets[0].count message"
-        ),
     ),
     Row(
         "api-mass-scale-down-unconfirmed",
@@ -743,7 +738,7 @@ ROWS = [
         "api-scale-down-after-decommission",
         "library call",
         api_scale_down_after_decommission,
-        ("CommandError: worker: order {order} is being decommissioned",),
+        ("CommandError: worker: order {order} is decommissioned",),
     ),
     Row(
         "order-unknown-instance-type",
@@ -774,11 +769,6 @@ ROWS = [
         "ClusterOrder condition",
         order_missing_pull_secret,
         ("=False", "spec.pullSecret"),
-        missing=(
-            "ensure_infraenv's non-retryable PullSecretMissing escapes ClusterWorkersWorkflow._prepare and"
-            " fails the workers workflow; expected a ClusterOrder condition (e.g. InfraEnvReady=False,"
-            " reason PullSecretMissing) naming spec.pullSecret while the workflow waits for it"
-        ),
     ),
     Row(
         "order-discovery-ignition-over-64KiB",

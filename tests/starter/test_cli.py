@@ -186,6 +186,79 @@ async def test_refusals_exit_1_with_the_reason(
     assert (await stack.api.status(order)).ready_workers == 1
 
 
+def spawn_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([CLI, "worker"], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_worker_waits_for_temporal_at_start_then_gives_up_with_exit_3(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Started before Temporal (or while it restarts), the worker keeps trying instead of exiting."""
+    port = free_port()
+    target = env["TEMPORAL_ADDRESS"].rsplit(":", 1)
+    queue = f"late-temporal-{free_port()}"
+    worker_env = {
+        **env,
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{port}",
+        "OSAC_TASK_QUEUE": queue,
+        "OSAC_BMAAS_TASK_QUEUE": f"{queue}-bmaas",
+        "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "1",
+    }
+    log = tmp_path / "worker.log"
+
+    async def logged(text: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 120
+        while text not in (log.read_text() if log.exists() else ""):
+            assert proc.poll() is None, log.read_text()
+            assert asyncio.get_running_loop().time() < deadline, f"no {text!r} in: {log.read_text()}"
+            await asyncio.sleep(0.2)
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(target[0], int(target[1]))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    proc = spawn_worker(worker_env, log)
+    server = None
+    try:
+        await logged("Temporal is not reachable yet")
+        # Temporal "comes up" on the configured address: the worker connects without a restart.
+        server = await asyncio.start_server(forward, "127.0.0.1", port)
+        await logged(f"worker running on task queues {queue}")
+        proc.terminate()
+        assert await asyncio.to_thread(proc.wait, 60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if server is not None:
+            server.close()
+
+    gone = await asyncio.to_thread(
+        subprocess.run,
+        [CLI, "worker"],
+        env={
+            **worker_env,
+            "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+            "OSAC_TEMPORAL_CONNECT_SECONDS": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert gone.returncode == 3, gone.stderr
+    assert "cannot reach Temporal at 127.0.0.1:" in gone.stderr
+    assert "after 1s (OSAC_TEMPORAL_CONNECT_SECONDS)" in gone.stderr
+
+
 async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str, str]) -> None:
     bad = await cli(env, "status", "not-an-order")
     assert bad.returncode == 2

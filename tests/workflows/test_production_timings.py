@@ -52,6 +52,9 @@ def test_policy_defaults_are_osacs() -> None:
         policy.backoff(FailureReason.AGENT_REGISTRATION_TIMEOUT, n).total_seconds() / 60 for n in range(1, 5)
     ]
     assert minutes == [5, 15, 30, 30]
+    # Only an outside change cures these: the long table, not a retry every few seconds.
+    for reason in (FailureReason.DISCOVERY_IGNITION_TOO_LARGE, FailureReason.RHCOS_IMAGE_NOT_FOUND):
+        assert [policy.backoff(reason, n).total_seconds() / 60 for n in range(1, 4)] == [5, 15, 30]
     seconds = [policy.backoff(FailureReason.BMI_PROVISIONING_FAILED, n).total_seconds() for n in range(1, 7)]
     assert seconds == [30, 60, 120, 240, 300, 300]
     assert policy.attempt_reset_after_ready == timedelta(hours=1)
