@@ -17,6 +17,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import random
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -27,10 +28,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.hub import (
+    MAX_CONFLICT_RETRIES,
+    agent_claimed,
+    annotate_machine,
     error,
     heartbeat,
     nodepool_selector,
     read_order_object,
+    sync_replicas,
     tick_seconds,
     write_order_event,
 )
@@ -65,6 +70,7 @@ from contracts.hub import (
     REMOVING_LABEL,
     WORKER_LABEL,
     AgentInstalled,
+    AgentMatch,
     AgentMatchProgress,
     AgentProgress,
     AgentRef,
@@ -83,8 +89,10 @@ from contracts.hub import (
     InfraEnvRef,
     MarkRemovingResult,
     NodePoolRef,
+    ReleaseAgentInput,
     ReleasedAgents,
     ReleaseStaleAgentsInput,
+    UnbindAgentInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
     WaitAgentUnboundInput,
@@ -117,6 +125,11 @@ def label_value(value: str) -> str:
     return f"{value[:54].rstrip('-_.')}-{digest}"
 
 
+def conflict_backoff(attempt: int) -> float:
+    """Jittered, growing to 1 s: a busy Agent still leaves a window between other writers."""
+    return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
+
+
 def agent_macs(agent: KubeObject) -> set[str]:
     """Every interface's MAC, normalised (a bond may report any NIC's MAC)."""
     macs: set[str] = set()
@@ -146,15 +159,6 @@ def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
 def agent_state(agent: KubeObject) -> str | None:
     state = dig(agent, "status", "debugInfo", "state")
     return str(state) if state else None
-
-
-def agent_claimed(agent: KubeObject) -> bool:
-    """Claimed by the provider: labelled with its AgentMachine, or bound to a cluster."""
-    return (
-        AGENT_MACHINE_REF_LABEL in labels_of(agent)
-        or bool(dig(agent, "spec", "clusterDeploymentName", "name"))
-        or condition_true(agent, "Bound")
-    )
 
 
 def agent_progress(
@@ -245,6 +249,8 @@ class AssistedActivities:
             self.wait_agent_unbound,
             self.release_stale_agents,
             self.delete_agent,
+            self.unbind_agent,
+            self.release_agent,
         ]
 
     # -- InfraEnv ---------------------------------------------------------------------------
@@ -610,8 +616,9 @@ class AssistedActivities:
     # -- Agents -----------------------------------------------------------------------------
 
     @activity.defn(name=HubActivity.WAIT_AGENT_FOR_MACS.value)
-    async def wait_agent_for_macs(self, input: WaitAgentInput) -> AgentRef:
-        """The one Agent of the InfraEnv reporting one of the BMI's MACs on any interface.
+    async def wait_agent_for_macs(self, input: WaitAgentInput) -> AgentMatch:
+        """The one Agent of the InfraEnv reporting one of the BMI's MACs on any interface, with its
+        other MACs (`unmatched_macs`) so the workflow can check no other BMI's host owns one.
 
         Two or more: non-retryable AmbiguousAgentMatch (never bound; names in the error details).
         Past the deadline: non-retryable AgentRegistrationTimeout."""
@@ -630,7 +637,7 @@ class AssistedActivities:
                 found.append(agent)
             return found
 
-        def decide(agents: list[KubeObject]) -> AgentRef | None:
+        def decide(agents: list[KubeObject]) -> AgentMatch | None:
             matching = sorted(
                 (a for a in candidates(agents) if agent_macs(a) & wanted),
                 key=lambda a: str(meta(a).get("name")),
@@ -649,7 +656,11 @@ class AssistedActivities:
                 return None
             if any(awaiting_inventory(a) for a in candidates(agents) if not agent_macs(a)):
                 return None  # an Agent whose MACs are not known yet could be a duplicate: wait
-            return AgentRef(namespace=namespace, name=str(meta(matching[0]).get("name")))
+            return AgentMatch(
+                namespace=namespace,
+                name=str(meta(matching[0]).get("name")),
+                unmatched_macs=sorted(agent_macs(matching[0]) - wanted),
+            )
 
         def on_tick() -> None:
             agents = candidates(informer.items(namespace))
@@ -694,48 +705,75 @@ class AssistedActivities:
     @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
     async def hand_agent_to_nodepool(self, input: HandAgentInput) -> HandAgentResult:
         """Approve the Agent, role worker, hostname, the NodePool's selector labels and the slot
-        label. The provider then claims it once replicas allow (never clusterDeploymentName)."""
+        label, then bring the NodePool's replicas up to date (level-based, see sync_replicas). The
+        provider then claims it (never clusterDeploymentName).
+
+        A compare-and-swap on the Agent's resourceVersion: of two workers handing the same Agent at
+        once, the later writer gets 409, re-reads, and finds the slot taken (AgentOwnedElsewhere)."""
+        result = await self._hand(input)
+        result.replicas = await sync_replicas(self._kube, input.nodepool)
+        return result
+
+    async def _hand(self, input: HandAgentInput) -> HandAgentResult:
         selector = nodepool_selector(await self._read_nodepool(input.nodepool))
         ref = input.agent
-        try:
-            agent = await self._kube.get(AGENTS, ref.namespace, ref.name)
-        except HubNotFound:
-            raise self._agent_gone(ref) from None
-        labels = labels_of(agent)
         slot_label = label_value(input.worker)
-        if labels.get(WORKER_LABEL) not in (None, slot_label):
-            raise error(
-                f"Agent {ref.namespace}/{ref.name} is already handed to another worker slot",
-                HubErrorType.AGENT_OWNED_ELSEWHERE,
-                non_retryable=True,
-                namespace=ref.namespace,
-                name=ref.name,
-                worker=labels.get(WORKER_LABEL),
-            )
-        await self._refuse_shared_macs(agent)
         wanted_labels = {**selector, WORKER_LABEL: slot_label}
         spec: dict[str, Any] = {"approved": True, "role": "worker"}
         if input.hostname:
             spec["hostname"] = input.hostname
-        annotations = meta(agent).get("annotations") or {}
-        changed_labels = {k: v for k, v in wanted_labels.items() if labels.get(k) != v}
-        changed_spec = {k: v for k, v in spec.items() if dig(agent, "spec", k) != v}
-        needs_annotation = annotations.get(WORKER_ANNOTATION) != input.worker
-        if not changed_labels and not changed_spec and not needs_annotation:
-            return HandAgentResult(agent=ref, labels=wanted_labels, changed=False)
-        patch: dict[str, Any] = {
-            "metadata": {"labels": changed_labels, "annotations": {WORKER_ANNOTATION: input.worker}},
-        }
-        if changed_spec:
-            patch["spec"] = changed_spec
-        try:
-            await self._kube.patch(AGENTS, ref.namespace, ref.name, patch)
-        except HubNotFound:
-            raise self._agent_gone(ref) from None
-        activity.logger.info(
-            "Agent %s/%s handed to NodePool %s", ref.namespace, ref.name, input.nodepool.name
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            try:
+                agent = await self._kube.get(AGENTS, ref.namespace, ref.name)
+            except HubNotFound:
+                raise self._agent_gone(ref) from None
+            labels = labels_of(agent)
+            annotations = meta(agent).get("annotations") or {}
+            # The slot label may be a hashed short form; the annotation carries the full slot name.
+            owner, owner_name = labels.get(WORKER_LABEL), annotations.get(WORKER_ANNOTATION)
+            if owner not in (None, slot_label) or owner_name not in (None, input.worker):
+                raise error(
+                    f"Agent {ref.namespace}/{ref.name} is already handed to another worker slot",
+                    HubErrorType.AGENT_OWNED_ELSEWHERE,
+                    non_retryable=True,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    worker=owner_name or owner,
+                )
+            await self._refuse_shared_macs(agent)
+            changed_labels = {k: v for k, v in wanted_labels.items() if labels.get(k) != v}
+            changed_spec = {k: v for k, v in spec.items() if dig(agent, "spec", k) != v}
+            needs_annotation = owner_name != input.worker
+            if not changed_labels and not changed_spec and not needs_annotation:
+                return HandAgentResult(agent=ref, labels=wanted_labels, changed=False)
+            patch: dict[str, Any] = {
+                "metadata": {
+                    "labels": changed_labels,
+                    "annotations": {WORKER_ANNOTATION: input.worker},
+                    # Compare-and-swap: 409 if another writer changed the Agent since the read.
+                    "resourceVersion": meta(agent).get("resourceVersion"),
+                },
+            }
+            if changed_spec:
+                patch["spec"] = changed_spec
+            try:
+                await self._kube.patch(AGENTS, ref.namespace, ref.name, patch)
+            except HubNotFound:
+                raise self._agent_gone(ref) from None
+            except HubConflict:
+                await asyncio.sleep(conflict_backoff(attempt))
+                continue
+            activity.logger.info(
+                "Agent %s/%s handed to NodePool %s", ref.namespace, ref.name, input.nodepool.name
+            )
+            return HandAgentResult(agent=ref, labels=wanted_labels, changed=True)
+        raise error(
+            f"Agent {ref.namespace}/{ref.name}: still conflicting after {MAX_CONFLICT_RETRIES} attempts",
+            HubErrorType.CONFLICT,
+            non_retryable=False,
+            namespace=ref.namespace,
+            name=ref.name,
         )
-        return HandAgentResult(agent=ref, labels=wanted_labels, changed=True)
 
     async def _refuse_shared_macs(self, agent: KubeObject) -> None:
         """Never hand over an Agent whose MACs another Agent of its InfraEnv also reports (a
@@ -896,6 +934,9 @@ class AssistedActivities:
 
         try:
             unbound = await self._wait_agent(ref, evaluate, deadline=input.deadline)
+            if input.nodepool is not None and unbound.was_claimed:
+                # Its Machine is gone: handed Agents held back for the removal may now come in.
+                await sync_replicas(self._kube, input.nodepool)
         except WaitTimedOut:
             raise error(
                 f"Agent {ref.namespace}/{ref.name} was not unbound by the deadline",
@@ -906,6 +947,38 @@ class AssistedActivities:
                 state=last.get("state"),
             ) from None
         return unbound
+
+    @activity.defn(name=HubActivity.UNBIND_AGENT.value)
+    async def unbind_agent(self, input: UnbindAgentInput) -> ReleasedAgents:
+        """Scale-down of one worker, each step idempotent: annotate its Machine so CAPI deletes that
+        one, mark the Agent as leaving, bring the NodePool's replicas down, wait until the Agent is
+        unbound, sync the replicas again for any Agent held back by the removal, then delete the
+        Agent and the host's stale registrations.
+        Deadline: non-retryable AgentUnbindingTimeout (the workflow shows it and calls again)."""
+        await annotate_machine(self._kube, input.agent)
+        await self.mark_agent_removing(input.agent)
+        await sync_replicas(self._kube, input.nodepool)
+        await self.wait_agent_unbound(
+            WaitAgentUnboundInput(agent=input.agent, deadline=input.deadline, nodepool=input.nodepool)
+        )
+        return await self.release_agent(
+            ReleaseAgentInput(agent=input.agent, infraenv=input.infraenv, order=input.order, macs=input.macs)
+        )
+
+    @activity.defn(name=HubActivity.RELEASE_AGENT.value)
+    async def release_agent(self, input: ReleaseAgentInput) -> ReleasedAgents:
+        """Delete the worker's Agent (NotFound counts as success) and the host's stale registrations."""
+        result = ReleasedAgents()
+        if input.agent is not None:
+            await self.delete_agent(input.agent)
+            result.deleted.append(input.agent.name)
+        if input.macs:
+            stale = await self.release_stale_agents(
+                ReleaseStaleAgentsInput(infraenv=input.infraenv, order=input.order, macs=input.macs)
+            )
+            result.deleted += [name for name in stale.deleted if name not in result.deleted]
+            result.kept = stale.kept
+        return result
 
     @activity.defn(name=HubActivity.RELEASE_STALE_AGENTS.value)
     async def release_stale_agents(self, input: ReleaseStaleAgentsInput) -> ReleasedAgents:

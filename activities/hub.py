@@ -32,6 +32,7 @@ from activities.kube import (
     HubNotFound,
     KubeObject,
     WaitTimedOut,
+    condition_true,
     dig,
     labels_of,
     meta,
@@ -39,6 +40,7 @@ from activities.kube import (
 )
 from contracts.activities import HubActivity
 from contracts.hub import (
+    AGENT_MACHINE_REF_LABEL,
     DELETE_MACHINE_ANNOTATION,
     EVENT_COMPONENT,
     MANAGEMENT_STATE_ANNOTATION,
@@ -46,9 +48,7 @@ from contracts.hub import (
     AgentRef,
     BareMetalNodeRequest,
     Condition,
-    EventInput,
     EventReason,
-    EventResult,
     EventType,
     HubErrorType,
     MachineAnnotation,
@@ -281,6 +281,25 @@ def counts_toward(agent: KubeObject, selector: dict[str, str]) -> bool:
     )
 
 
+def agent_claimed(agent: KubeObject) -> bool:
+    """Claimed by the provider: labelled with its AgentMachine, or bound to a cluster."""
+    return (
+        AGENT_MACHINE_REF_LABEL in labels_of(agent)
+        or bool(dig(agent, "spec", "clusterDeploymentName", "name"))
+        or condition_true(agent, "Bound")
+    )
+
+
+def removal_pending(agent: KubeObject, selector: dict[str, str]) -> bool:
+    """An Agent of this NodePool marked for removal whose Machine the provider still holds."""
+    labels = labels_of(agent)
+    return (
+        labels.get(REMOVING_LABEL) == "true"
+        and all(labels.get(k) == v for k, v in selector.items())
+        and agent_claimed(agent)
+    )
+
+
 def nodepool_selector(nodepool: KubeObject) -> dict[str, str]:
     selector = dig(nodepool, "spec", "platform", "agent", "agentLabelSelector", "matchLabels")
     if not isinstance(selector, dict) or not selector:
@@ -293,6 +312,110 @@ def nodepool_selector(nodepool: KubeObject) -> dict[str, str]:
             name=m.get("name"),
         )
     return {str(k): str(v) for k, v in selector.items()}
+
+
+async def sync_replicas(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
+    """Level-based: replicas = the Agents handed to the NodePool now, from a fresh list.
+
+    Removal first: while an Agent marked for removal still holds its Machine, only the handed
+    Agents that hold one count, so CAPI (which deletes only when Machines exceed replicas) removes
+    the annotated Machine instead of the two cancelling out when one worker leaves as another
+    arrives. Whoever sees the removal finish syncs again, which brings the newcomer in.
+
+    The NodePool is read before the Agents are listed and written with its resourceVersion, so
+    of two concurrent syncs the later writer always counted every hand-off the earlier saw."""
+    conflicts = 0
+    for attempt in range(MAX_CONFLICT_RETRIES):
+        obj = await kube.get_optional(NODE_POOLS, nodepool.namespace, nodepool.name)
+        if obj is None:
+            return ReplicaSync(
+                nodepool=nodepool, replicas=0, nodepool_found=False, conflicts_retried=conflicts
+            )
+        selector = nodepool_selector(obj)
+        resource_version = meta(obj).get("resourceVersion")
+        listing = await kube.list(
+            AGENTS,
+            nodepool.agent_namespace,
+            label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+        )
+        handed = [a for a in listing.items if counts_toward(a, selector)]
+        leaving = sorted(str(meta(a).get("name")) for a in listing.items if removal_pending(a, selector))
+        if leaving:
+            handed = [a for a in handed if agent_claimed(a)]
+        counted = sorted(str(meta(a).get("name")) for a in handed)
+        previous = dig(obj, "spec", "replicas")
+        previous = previous if isinstance(previous, int) else None
+        desired = len(counted)
+        if previous == desired:
+            return ReplicaSync(
+                nodepool=nodepool,
+                replicas=desired,
+                previous=previous,
+                agents=counted,
+                waiting_for_removal=leaving,
+                conflicts_retried=conflicts,
+            )
+        patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": desired}}
+        try:
+            await kube.patch(NODE_POOLS, nodepool.namespace, nodepool.name, patch)
+        except HubConflict:
+            conflicts += 1
+            await asyncio.sleep(_jitter(attempt))
+            continue
+        except HubNotFound:
+            return ReplicaSync(
+                nodepool=nodepool, replicas=0, nodepool_found=False, conflicts_retried=conflicts
+            )
+        activity.logger.info(
+            "NodePool %s/%s replicas %s -> %s", nodepool.namespace, nodepool.name, previous, desired
+        )
+        return ReplicaSync(
+            nodepool=nodepool,
+            replicas=desired,
+            previous=previous,
+            changed=True,
+            agents=counted,
+            waiting_for_removal=leaving,
+            conflicts_retried=conflicts,
+        )
+    raise HubConflict(
+        f"NodePool {nodepool.namespace}/{nodepool.name}: still conflicting after {conflicts} retries",
+        type=HubErrorType.CONFLICT,
+        non_retryable=False,
+        code=409,
+        kind=NODE_POOLS.kind,
+        namespace=nodepool.namespace,
+        name=nodepool.name,
+    )
+
+
+async def annotate_machine(kube: HubKube, agent: AgentRef) -> MachineAnnotation:
+    """Mark the Machine running on this Agent so CAPI removes it first on scale-down."""
+    provider_id = f"agent://{agent.name}"
+    listing = await kube.list(MACHINES)
+    machines = [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+    if not machines:
+        return MachineAnnotation(agent=agent)
+    result = MachineAnnotation(agent=agent)
+    for machine in sorted(machines, key=lambda m: str(meta(m).get("name"))):
+        m = meta(machine)
+        namespace, name = str(m.get("namespace") or ""), str(m.get("name"))
+        annotations = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
+        assert isinstance(annotations, dict)
+        changed = False
+        if annotations.get(DELETE_MACHINE_ANNOTATION) != "true":
+            try:
+                await kube.patch(
+                    MACHINES,
+                    namespace,
+                    name,
+                    {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}},
+                )
+                changed = True
+            except HubNotFound:
+                continue
+        result = MachineAnnotation(agent=agent, machine=name, machine_namespace=namespace, changed=changed)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +437,6 @@ class HubActivities:
             self.sync_nodepool_replicas,
             self.annotate_machine_for_deletion,
             self.publish_order_status,
-            self.emit_event,
         ]
 
     @activity.defn(name=HubActivity.READ_ORDER.value)
@@ -365,112 +487,38 @@ class HubActivities:
 
     @activity.defn(name=HubActivity.SYNC_NODEPOOL_REPLICAS.value)
     async def sync_nodepool_replicas(self, nodepool: NodePoolRef) -> ReplicaSync:
-        """Level-based: replicas = the Agents handed to the NodePool now, from a fresh list.
-
-        The NodePool is read before the Agents are listed and written with its resourceVersion, so
-        of two concurrent syncs the later writer always counted every hand-off the earlier saw."""
-        conflicts = 0
-        for attempt in range(MAX_CONFLICT_RETRIES):
-            obj = await self._kube.get_optional(NODE_POOLS, nodepool.namespace, nodepool.name)
-            if obj is None:
-                return ReplicaSync(
-                    nodepool=nodepool, replicas=0, nodepool_found=False, conflicts_retried=conflicts
-                )
-            selector = nodepool_selector(obj)
-            resource_version = meta(obj).get("resourceVersion")
-            listing = await self._kube.list(
-                AGENTS,
-                nodepool.agent_namespace,
-                label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
-            )
-            counted = sorted(str(meta(a).get("name")) for a in listing.items if counts_toward(a, selector))
-            previous = dig(obj, "spec", "replicas")
-            previous = previous if isinstance(previous, int) else None
-            desired = len(counted)
-            if previous == desired:
-                return ReplicaSync(
-                    nodepool=nodepool,
-                    replicas=desired,
-                    previous=previous,
-                    agents=counted,
-                    conflicts_retried=conflicts,
-                )
-            patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": desired}}
-            try:
-                await self._kube.patch(NODE_POOLS, nodepool.namespace, nodepool.name, patch)
-            except HubConflict:
-                conflicts += 1
-                await asyncio.sleep(_jitter(attempt))
-                continue
-            except HubNotFound:
-                return ReplicaSync(
-                    nodepool=nodepool, replicas=0, nodepool_found=False, conflicts_retried=conflicts
-                )
-            activity.logger.info(
-                "NodePool %s/%s replicas %s -> %s", nodepool.namespace, nodepool.name, previous, desired
-            )
-            return ReplicaSync(
-                nodepool=nodepool,
-                replicas=desired,
-                previous=previous,
-                changed=True,
-                agents=counted,
-                conflicts_retried=conflicts,
-            )
-        raise HubConflict(
-            f"NodePool {nodepool.namespace}/{nodepool.name}: still conflicting after {conflicts} retries",
-            type=HubErrorType.CONFLICT,
-            non_retryable=False,
-            code=409,
-            kind=NODE_POOLS.kind,
-            namespace=nodepool.namespace,
-            name=nodepool.name,
-        )
+        return await sync_replicas(self._kube, nodepool)
 
     @activity.defn(name=HubActivity.ANNOTATE_MACHINE_FOR_DELETION.value)
     async def annotate_machine_for_deletion(self, agent: AgentRef) -> MachineAnnotation:
-        """Mark the Machine running on this Agent so CAPI removes it first on scale-down."""
-        provider_id = f"agent://{agent.name}"
-        listing = await self._kube.list(MACHINES)
-        machines = [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
-        if not machines:
-            return MachineAnnotation(agent=agent)
-        result = MachineAnnotation(agent=agent)
-        for machine in sorted(machines, key=lambda m: str(meta(m).get("name"))):
-            m = meta(machine)
-            namespace, name = str(m.get("namespace") or ""), str(m.get("name"))
-            annotations = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
-            assert isinstance(annotations, dict)
-            changed = False
-            if annotations.get(DELETE_MACHINE_ANNOTATION) != "true":
-                try:
-                    await self._kube.patch(
-                        MACHINES,
-                        namespace,
-                        name,
-                        {"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}},
-                    )
-                    changed = True
-                except HubNotFound:
-                    continue
-            result = MachineAnnotation(
-                agent=agent, machine=name, machine_namespace=namespace, changed=changed
-            )
-        return result
+        return await annotate_machine(self._kube, agent)
 
     @activity.defn(name=HubActivity.PUBLISH_ORDER_STATUS.value)
     async def publish_order_status(self, input: PublishStatusInput) -> PublishStatusResult:
-        """Write workers[], the aggregates and our conditions; leave every other status field alone.
+        """Write workers[], the aggregates and our conditions; leave every other status field alone;
+        then the Events that came with it (one activity per coalesced change, not one per Event).
 
         Compare-and-swap on resourceVersion through the status subresource; conflicts are retried
         here (a concurrent writer's fields survive because the conditions are re-merged)."""
+        result, obj = await self._write_status(input)
+        if obj is not None and input.events:
+            involved = order_involved_object(obj)
+            for event in input.events:
+                name = await write_order_event(
+                    self._kube, involved, event.reason, event.message, event.type, event.key
+                )
+                result.events_written += name is not None
+        return result
+
+    async def _write_status(self, input: PublishStatusInput) -> tuple[PublishStatusResult, KubeObject | None]:
+        """The result, and the ClusterOrder as last read (None when it is gone)."""
         order = input.order
         workers = [w.osac_item() for w in input.workers]
         conflicts = 0
         for attempt in range(MAX_CONFLICT_RETRIES):
             obj = await self._kube.get_optional(CLUSTER_ORDERS, order.namespace, order.name)
             if obj is None:
-                return PublishStatusResult(order_found=False, conflicts_retried=conflicts)
+                return PublishStatusResult(order_found=False, conflicts_retried=conflicts), None
             status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
             assert isinstance(status, dict)
             wanted: dict[str, Any] = {
@@ -488,7 +536,7 @@ class HubActivities:
                     generation if isinstance(generation, int) else None,
                 )
             if all(status.get(k) == v for k, v in wanted.items()):
-                return PublishStatusResult(changed=False, conflicts_retried=conflicts)
+                return PublishStatusResult(changed=False, conflicts_retried=conflicts), obj
             patch = {"metadata": {"resourceVersion": meta(obj).get("resourceVersion")}, "status": wanted}
             try:
                 await self._kube.patch(
@@ -499,8 +547,8 @@ class HubActivities:
                 await asyncio.sleep(_jitter(attempt))
                 continue
             except HubNotFound:
-                return PublishStatusResult(order_found=False, conflicts_retried=conflicts)
-            return PublishStatusResult(changed=True, conflicts_retried=conflicts)
+                return PublishStatusResult(order_found=False, conflicts_retried=conflicts), None
+            return PublishStatusResult(changed=True, conflicts_retried=conflicts), obj
         raise HubConflict(
             f"ClusterOrder {order.key} status: still conflicting after {conflicts} retries",
             type=HubErrorType.CONFLICT,
@@ -510,14 +558,3 @@ class HubActivities:
             namespace=order.namespace,
             name=order.name,
         )
-
-    @activity.defn(name=HubActivity.EMIT_EVENT.value)
-    async def emit_event(self, input: EventInput) -> EventResult:
-        """A core/v1 Event on the ClusterOrder (skipped when the order is gone)."""
-        obj = await self._kube.get_optional(CLUSTER_ORDERS, input.order.namespace, input.order.name)
-        if obj is None:
-            return EventResult(emitted=False)
-        name = await write_order_event(
-            self._kube, order_involved_object(obj), input.reason, input.message, input.type, input.key
-        )
-        return EventResult(emitted=name is not None, name=name)

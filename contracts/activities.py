@@ -1,4 +1,6 @@
-"""Names of every activity the workflows call; the worker checks that it registers each of them."""
+"""Names of every activity the worker registers (and checks it registers). Some are steps the
+current workflows reach through a composite activity (`unbind_agent`, `release_agent`); they stay
+registered for workflows started by an earlier version, whose histories still schedule them."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ class BmaasActivity(StrEnum):
     DELETE_INSTANCE = "delete_instance"
     WAIT_INSTANCE_GONE = "wait_instance_gone"
     LIST_ORDER_INSTANCES = "list_order_instances"
+    FIND_INSTANCES_WITH_MACS = "find_instances_with_macs"
 
 
 class HubActivity(StrEnum):
@@ -29,9 +32,10 @@ class HubActivity(StrEnum):
     WAIT_AGENT_INSTALLED = "wait_agent_installed"
     MARK_AGENT_REMOVING = "mark_agent_removing"
     WAIT_AGENT_UNBOUND = "wait_agent_unbound"
+    UNBIND_AGENT = "unbind_agent"
+    RELEASE_AGENT = "release_agent"
     DELETE_AGENT = "delete_agent"
     RELEASE_STALE_AGENTS = "release_stale_agents"
     SYNC_NODEPOOL_REPLICAS = "sync_nodepool_replicas"
     ANNOTATE_MACHINE_FOR_DELETION = "annotate_machine_for_deletion"
     PUBLISH_ORDER_STATUS = "publish_order_status"
-    EMIT_EVENT = "emit_event"

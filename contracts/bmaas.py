@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contracts.hub import normalize_mac
 from contracts.refs import DNS_LABEL, NetworkAttachmentRef, OrderRef
 
 # Labels and annotations that mark a BMI as created for a ClusterOrder (osac-reference.md §3).
@@ -102,11 +103,19 @@ class CreateWorkerInstanceInput(BaseModel):
     order: OrderRef
     slot_index: int = Field(ge=0)
     instance_type: str = Field(min_length=1)
-    disk_image_id: str = Field(min_length=1)
+    # The boot image: given, or resolved from the release image when the BMI is created.
+    disk_image_id: str | None = Field(default=None, min_length=1)
+    release_image: str | None = Field(default=None, min_length=1)
     network_attachment: NetworkAttachmentRef | None = None
     # The InfraEnv whose discovery ignition becomes the BMI's user data; defaults to the order's.
     infraenv_name: str | None = Field(default=None, pattern=DNS_LABEL)
     infraenv_namespace: str | None = Field(default=None, pattern=DNS_LABEL)
+
+    @model_validator(mode="after")
+    def _names_a_boot_image(self) -> CreateWorkerInstanceInput:
+        if not self.disk_image_id and not self.release_image:
+            raise ValueError("disk_image_id or release_image: one of them is required")
+        return self
 
     @property
     def bmi_name(self) -> str:
@@ -169,6 +178,8 @@ class WaitInstanceGoneInput(BaseModel):
     bmi_id: str = Field(min_length=1)
     # A BMI DELETING longer than this is reported stuck (in heartbeats); the wait goes on regardless.
     stuck_after_seconds: float = Field(default=1800.0, gt=0)
+    # Ask BMaaS to release the BMI first (idempotent), so one activity releases and waits.
+    delete_first: bool = False
 
 
 class InstanceGone(BaseModel):
@@ -214,3 +225,23 @@ class ListOrderInstancesInput(BaseModel):
 
 class OrderInstances(BaseModel):
     instances: list[WorkerInstance]
+
+
+class FindInstancesWithMacsInput(BaseModel):
+    """MACs an Agent reports beyond its BMI's NICs: does another BMI's host own one of them?"""
+
+    model_config = ConfigDict(frozen=True)
+
+    macs: list[str] = Field(min_length=1)
+    # The worker's own BMI, which is never an "other" host.
+    exclude_bmi_id: str | None = None
+
+    @field_validator("macs")
+    @classmethod
+    def _normalize_macs(cls, value: list[str]) -> list[str]:
+        return sorted({normalize_mac(mac) for mac in value})
+
+
+class InstancesWithMacs(BaseModel):
+    # CaaS BMIs (DELETING included: the host still holds its NICs) reporting one of the MACs, sorted.
+    bmi_ids: list[str] = Field(default_factory=list)

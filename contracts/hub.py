@@ -224,6 +224,14 @@ class AgentRef(BaseModel):
     name: str = Field(min_length=1, max_length=253)
 
 
+class AgentMatch(AgentRef):
+    """wait_agent_for_macs' answer: the Agent, and its MACs that are none of the BMI's NICs (an
+    extra interface such as a BMC's USB NIC, or another host's NIC: the workflow asks BMaaS which).
+    A subclass with a default, so results recorded as a plain AgentRef still decode."""
+
+    unmatched_macs: list[str] = Field(default_factory=list)
+
+
 class NodePoolRef(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -298,24 +306,6 @@ class Condition(BaseModel):
     message: str = Field(default="", max_length=32768)
 
 
-class PublishStatusInput(BaseModel):
-    order: OrderRef
-    workers: list[WorkerStatus]
-    desired: int = Field(ge=0)
-    current: int = Field(ge=0)
-    ready: int = Field(ge=0)
-    conditions: list[Condition] = Field(default_factory=list)
-
-
-class PublishStatusResult(BaseModel):
-    # False when the ClusterOrder no longer exists (nothing to publish to).
-    order_found: bool = True
-    # False when the status already said exactly this (no write was made).
-    changed: bool = False
-    # How many optimistic-concurrency conflicts were retried inside the activity.
-    conflicts_retried: int = 0
-
-
 class EventInput(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -328,9 +318,25 @@ class EventInput(BaseModel):
     key: str | None = Field(default=None, max_length=253)
 
 
-class EventResult(BaseModel):
-    emitted: bool
-    name: str | None = None
+class PublishStatusInput(BaseModel):
+    order: OrderRef
+    workers: list[WorkerStatus]
+    desired: int = Field(ge=0)
+    current: int = Field(ge=0)
+    ready: int = Field(ge=0)
+    conditions: list[Condition] = Field(default_factory=list)
+    # Written with the status in the same activity (keyed, so a retry writes each Event once).
+    events: list[EventInput] = Field(default_factory=list)
+
+
+class PublishStatusResult(BaseModel):
+    # False when the ClusterOrder no longer exists (nothing to publish to).
+    order_found: bool = True
+    # False when the status already said exactly this (no write was made).
+    changed: bool = False
+    # How many optimistic-concurrency conflicts were retried inside the activity.
+    conflicts_retried: int = 0
+    events_written: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,11 +412,27 @@ class HandAgentInput(BaseModel):
     hostname: str | None = Field(default=None, max_length=253)
 
 
+class ReplicaSync(BaseModel):
+    nodepool: NodePoolRef
+    # False when the NodePool is gone (e.g. the hosted cluster was torn down): nothing to scale.
+    nodepool_found: bool = True
+    replicas: int
+    previous: int | None = None
+    changed: bool = False
+    # Agents counted (names only), for operators.
+    agents: list[str] = Field(default_factory=list)
+    # Agents leaving whose Machines go first (handed Agents without a Machine wait for them).
+    waiting_for_removal: list[str] = Field(default_factory=list)
+    conflicts_retried: int = 0
+
+
 class HandAgentResult(BaseModel):
     agent: AgentRef
     # The labels the Agent carries for its NodePool and slot (non-secret, for operators).
     labels: dict[str, str]
     changed: bool
+    # The NodePool's replicas, synced right after the hand-off (see sync_replicas).
+    replicas: ReplicaSync | None = None
 
 
 class WaitAgentInstalledInput(BaseModel):
@@ -455,6 +477,8 @@ class WaitAgentUnboundInput(BaseModel):
 
     agent: AgentRef
     deadline: datetime
+    # Given: its replicas are synced once the Agent is unbound (see sync_replicas).
+    nodepool: NodePoolRef | None = None
 
     @field_validator("deadline")
     @classmethod
@@ -484,6 +508,32 @@ class ReleaseStaleAgentsInput(BaseModel):
         return sorted({normalize_mac(mac) for mac in value})
 
 
+class UnbindAgentInput(BaseModel):
+    """Take a worker's Agent out of its NodePool: Machine first, replicas down, wait until unbound,
+    then delete it and the host's other unclaimed registrations (see ReleaseAgentInput)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agent: AgentRef
+    nodepool: NodePoolRef
+    deadline: datetime
+    infraenv: InfraEnvRef
+    order: OrderRef
+    macs: list[str] = Field(default_factory=list)
+
+
+class ReleaseAgentInput(BaseModel):
+    """A worker gives its host back: delete its Agent (when it had one) and every unclaimed
+    registration of the host's MACs (when known), so the wiped host leaves nothing behind."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agent: AgentRef | None = None
+    infraenv: InfraEnvRef
+    order: OrderRef
+    macs: list[str] = Field(default_factory=list)
+
+
 class ReleasedAgents(BaseModel):
     deleted: list[str] = Field(default_factory=list)
     # Matching Agents that are approved, bound or handed to a worker: never touched, for operators.
@@ -502,18 +552,6 @@ class DeleteInfraEnvResult(BaseModel):
 
 # ---------------------------------------------------------------------------------------------
 # NodePools and Machines
-
-
-class ReplicaSync(BaseModel):
-    nodepool: NodePoolRef
-    # False when the NodePool is gone (e.g. the hosted cluster was torn down): nothing to scale.
-    nodepool_found: bool = True
-    replicas: int
-    previous: int | None = None
-    changed: bool = False
-    # Agents counted (names only), for operators.
-    agents: list[str] = Field(default_factory=list)
-    conflicts_retried: int = 0
 
 
 class MachineAnnotation(BaseModel):

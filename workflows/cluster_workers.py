@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.activity_calls import CALL_RETRY, call_activity
     from workflows.metrics import record_order_counts
-    from workflows.search_attributes import OSAC_CLUSTER_ORDER
+    from workflows.search_attributes import OSAC_CLUSTER_ORDER, worker_start_attributes
     from workflows.worker_node import WorkerNodeWorkflow
 
 T = TypeVar("T")
@@ -391,6 +391,9 @@ class ClusterWorkersWorkflow:
             id=self._child_id(slot),
             # Children outlive a continue-as-new of this workflow; they talk to it by workflow id.
             parent_close_policy=ParentClosePolicy.ABANDON,
+            search_attributes=worker_start_attributes(
+                order.key, slot.spec.node_set, WorkerPhase.PROVISIONING.value, 1
+            ),
             static_summary=f"Worker {slot.spec.name} ({slot.spec.instance_type}) of {order.key}",
             static_details=(
                 f"Order: {order.key}\nNode set: {slot.spec.node_set}\nSlot: {slot.spec.name}\n"
@@ -442,6 +445,7 @@ class ClusterWorkersWorkflow:
             reason=reason,
             message=message,
             type=EventType.WARNING if warning else EventType.NORMAL,
+            key=str(workflow.uuid4()),  # deterministic: a retried publish writes the Event once
         )
 
     def _events_for(self, before: WorkerStatus, report: WorkerReport) -> list[EventInput]:
@@ -502,12 +506,12 @@ class ClusterWorkersWorkflow:
                 current=status.current_workers,
                 ready=status.ready_workers,
                 conditions=status.conditions,
+                events=events,
             ),
             None,
-            summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready",
+            summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready"
+            + (f", {len(events)} event(s)" if events else ""),
         )
-        for event in events:
-            await self._hub(HubActivity.EMIT_EVENT, event, None, summary=f"Event {event.reason.value}")
 
     async def _flush_status(self, publisher: asyncio.Future[None]) -> None:
         """Write the latest status, then stop the publisher while it is idle."""

@@ -8,39 +8,38 @@ again; it never gives up on its own. Deterministic: no I/O, `workflow.now()`, sa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
+from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
     from contracts.bmaas import (
-        BootImage,
         CreateWorkerInstanceInput,
         CreateWorkerInstanceResult,
-        DeleteInstanceResult,
+        FindInstancesWithMacsInput,
         InstanceGone,
         InstanceRef,
         InstanceRunning,
+        InstancesWithMacs,
         ListOrderInstancesInput,
         OrderInstances,
-        ResolveBootImageInput,
         WaitInstanceGoneInput,
     )
     from contracts.hub import (
+        AgentMatch,
         AgentRef,
         HandAgentInput,
         InfraEnvRef,
         NodePoolRef,
+        ReleaseAgentInput,
         ReleasedAgents,
-        ReleaseStaleAgentsInput,
-        ReplicaSync,
+        UnbindAgentInput,
         WaitAgentInput,
         WaitAgentInstalledInput,
-        WaitAgentUnboundInput,
     )
     from contracts.worker import TENANT_MESSAGES, FailureReason, WorkerPhase, WorkerStatus
     from contracts.workflows import (
@@ -116,13 +115,21 @@ class WorkerNodeWorkflow:
         )
         self._scale_down = self._scale_down or self._progress.scale_down_requested
         self._progress.scale_down_requested = self._scale_down
-        workflow.upsert_search_attributes(
-            [
-                OSAC_CLUSTER_ORDER.value_set(slot.order.key),
-                OSAC_NODE_SET.value_set(slot.node_set),
-            ]
-        )
-        self._publish_phase(self._progress.status.phase)
+        # The parent sets these at start; a run that lacks them (continued, or started by hand)
+        # sets them here, in one upsert.
+        status = self._progress.status
+        wanted: list[SearchAttributeUpdate[Any]] = [
+            OSAC_CLUSTER_ORDER.value_set(slot.order.key),
+            OSAC_NODE_SET.value_set(slot.node_set),
+            OSAC_WORKER_PHASE.value_set(status.phase.value),
+            OSAC_ATTEMPT.value_set(status.attempt_count),
+        ]
+        if self._progress.bmi_id is not None:
+            wanted.append(OSAC_BARE_METAL_INSTANCE.value_set(self._progress.bmi_id))
+        current = workflow.info().typed_search_attributes
+        missing = [u for u in wanted if current.get(u.key) != u.value]
+        if missing:
+            workflow.upsert_search_attributes(missing)
 
         while not self._scale_down:
             if self._progress.status.phase == WorkerPhase.READY:
@@ -168,19 +175,13 @@ class WorkerNodeWorkflow:
         if progress.status.phase == WorkerPhase.PROVISIONING:
             if progress.provisioning_since is None:
                 progress.provisioning_since = workflow.now()
-            image = await self._bmaas(
-                BmaasActivity.RESOLVE_BOOT_IMAGE,
-                ResolveBootImageInput(release_image=slot.release_image),
-                BootImage,
-                summary=f"Resolve the boot image of {slot.release_image}",
-            )
             created = await self._bmaas(
                 BmaasActivity.CREATE_WORKER_INSTANCE,
                 CreateWorkerInstanceInput(
                     order=slot.order,
                     slot_index=slot.index,
                     instance_type=slot.instance_type,
-                    disk_image_id=image.disk_image_id,
+                    release_image=slot.release_image,
                     network_attachment=slot.network,
                 ),
                 CreateWorkerInstanceResult,
@@ -188,7 +189,6 @@ class WorkerNodeWorkflow:
             )
             progress.bmi_id = created.instance.id
             progress.status.resource_id = created.instance.id
-            workflow.upsert_search_attributes([OSAC_BARE_METAL_INSTANCE.value_set(created.instance.id)])
             running = await self._bmaas(
                 BmaasActivity.WAIT_INSTANCE_RUNNING,
                 InstanceRef(bmi_id=created.instance.id),
@@ -200,22 +200,35 @@ class WorkerNodeWorkflow:
             self._set_phase(WorkerPhase.WAITING_FOR_AGENT)
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
-            timeout = self._policy().agent_registration_timeout
             waiting_since = workflow.now()
-            agent = await self._hub(
+            match = await self._hub(
                 HubActivity.WAIT_AGENT_FOR_MACS,
                 WaitAgentInput(
                     infraenv=InfraEnvRef.for_order(slot.order),
                     order=slot.order,
                     macs=progress.macs,
-                    deadline=self._backstop(timeout),
+                    deadline=self._deadline(self._policy().agent_registration_timeout),
                 ),
-                AgentRef,
+                AgentMatch,
                 summary=f"Wait for the discovery agent of {slot.name} to register",
                 wait=True,
-                give_up_after=(timeout, FailureReason.AGENT_REGISTRATION_TIMEOUT),
             )
-            progress.agent_name = agent.name
+            if match.unmatched_macs:
+                # Extra interfaces (a BMC's USB NIC) are normal; another BMI's NIC means the Agent is
+                # not unambiguously this host (osac-reference §4), so it is never bound.
+                others = await self._bmaas(
+                    BmaasActivity.FIND_INSTANCES_WITH_MACS,
+                    FindInstancesWithMacsInput(macs=match.unmatched_macs, exclude_bmi_id=progress.bmi_id),
+                    InstancesWithMacs,
+                    summary=f"Check that agent {match.name} reports no other host's NIC",
+                )
+                if others.bmi_ids:
+                    raise AttemptFailed(
+                        FailureReason.AMBIGUOUS_AGENT_MATCH,
+                        f"Agent {match.namespace}/{match.name} also reports a NIC of BMI(s) "
+                        + ", ".join(others.bmi_ids),
+                    )
+            progress.agent_name = match.name
             record_correlation_duration(slot.order, workflow.now() - waiting_since)
             self._set_phase(WorkerPhase.BINDING)
 
@@ -227,18 +240,17 @@ class WorkerNodeWorkflow:
                     agent=agent, nodepool=self._nodepool_ref(), worker=slot.name, hostname=slot.name
                 ),
                 None,
-                summary=f"Approve agent {agent.name} and label it for {slot.nodepool_name}",
+                summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",
             )
             progress.agent_handed = True
-            await self._sync_replicas()
-            timeout = self._policy().agent_install_timeout
             await self._hub(
                 HubActivity.WAIT_AGENT_INSTALLED,
-                WaitAgentInstalledInput(agent=agent, deadline=self._backstop(timeout)),
+                WaitAgentInstalledInput(
+                    agent=agent, deadline=self._deadline(self._policy().agent_install_timeout)
+                ),
                 None,
                 summary=f"Wait until {slot.name} is claimed, installed and joined",
                 wait=True,
-                give_up_after=(timeout, FailureReason.AGENT_INSTALL_FAILED),
             )
             progress.failures_in_a_row = 0
             progress.ready_since = workflow.now()
@@ -300,45 +312,31 @@ class WorkerNodeWorkflow:
     async def _release_resources(self) -> None:
         """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
         progress, slot = self._state()
-        if progress.agent_name is not None:
-            if progress.status.phase != WorkerPhase.FAILED:
-                self._set_phase(WorkerPhase.UNBINDING)
-            agent = self._agent_ref()
-            if progress.agent_handed:
-                await self._hub(
-                    HubActivity.ANNOTATE_MACHINE_FOR_DELETION,
-                    agent,
-                    None,
-                    summary=f"Mark the Machine of {slot.name} for deletion",
-                )
-                await self._hub(
-                    HubActivity.MARK_AGENT_REMOVING, agent, None, summary=f"Mark agent {agent.name} removing"
-                )
-                await self._sync_replicas()
-                await self._wait_unbound(agent)
-            await self._hub(HubActivity.DELETE_AGENT, agent, None, summary=f"Delete agent {agent.name}")
+        agent = self._agent_ref() if progress.agent_name is not None else None
+        if agent is not None and progress.status.phase != WorkerPhase.FAILED:
+            self._set_phase(WorkerPhase.UNBINDING)
+        if agent is not None and progress.agent_handed:
+            await self._unbind(agent)  # deletes the Agent and stale registrations once unbound
             progress.agent_name = None
             progress.agent_handed = False
-
-        if progress.macs:
+        elif agent is not None or progress.macs:
             await self._hub(
-                HubActivity.RELEASE_STALE_AGENTS,
-                ReleaseStaleAgentsInput(
-                    infraenv=InfraEnvRef.for_order(slot.order), order=slot.order, macs=progress.macs
+                HubActivity.RELEASE_AGENT,
+                ReleaseAgentInput(
+                    agent=agent,
+                    infraenv=InfraEnvRef.for_order(slot.order),
+                    order=slot.order,
+                    macs=progress.macs,
                 ),
                 ReleasedAgents,
-                summary=f"Delete unclaimed agent registrations of the host of {slot.name}",
+                summary=f"Delete the agent registrations of the host of {slot.name}",
             )
+            progress.agent_name = None
+            progress.agent_handed = False
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot()
         for bmi_id in bmi_ids:
-            await self._bmaas(
-                BmaasActivity.DELETE_INSTANCE,
-                InstanceRef(bmi_id=bmi_id),
-                DeleteInstanceResult,
-                summary=f"Delete BMI {slot.name} ({bmi_id})",
-            )
             await self._wait_gone(bmi_id)
         progress.bmi_id = None
         progress.macs = []
@@ -352,9 +350,11 @@ class WorkerNodeWorkflow:
         gone = asyncio.ensure_future(
             self._bmaas(
                 BmaasActivity.WAIT_INSTANCE_GONE,
-                WaitInstanceGoneInput(bmi_id=bmi_id, stuck_after_seconds=stuck_after.total_seconds()),
+                WaitInstanceGoneInput(
+                    bmi_id=bmi_id, stuck_after_seconds=stuck_after.total_seconds(), delete_first=True
+                ),
                 InstanceGone,
-                summary=f"Wait until the host of {slot.name} is wiped and released",
+                summary=f"Delete BMI {slot.name} ({bmi_id}) and wait until its host is wiped and released",
                 wait=True,
             )
         )
@@ -375,18 +375,23 @@ class WorkerNodeWorkflow:
         progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
         progress.status.last_failure_time = workflow.now()
 
-    async def _wait_unbound(self, agent: AgentRef) -> None:
-        _progress, slot = self._state()
+    async def _unbind(self, agent: AgentRef) -> None:
+        progress, slot = self._state()
         while True:
-            timeout = self._policy().agent_unbinding_timeout
             try:
                 await self._hub(
-                    HubActivity.WAIT_AGENT_UNBOUND,
-                    WaitAgentUnboundInput(agent=agent, deadline=self._backstop(timeout)),
-                    None,
-                    summary=f"Wait until {slot.name} is drained and unbound",
+                    HubActivity.UNBIND_AGENT,
+                    UnbindAgentInput(
+                        agent=agent,
+                        nodepool=self._nodepool_ref(),
+                        deadline=self._deadline(self._policy().agent_unbinding_timeout),
+                        infraenv=InfraEnvRef.for_order(slot.order),
+                        order=slot.order,
+                        macs=progress.macs,
+                    ),
+                    ReleasedAgents,
+                    summary=f"Remove the Machine of {slot.name}, lower replicas, wait until unbound",
                     wait=True,
-                    give_up_after=(timeout, FailureReason.AGENT_UNBINDING_TIMEOUT),
                 )
                 return
             except AttemptFailed as failure:
@@ -430,15 +435,6 @@ class WorkerNodeWorkflow:
             namespace=slot.cluster_namespace, name=slot.nodepool_name, agent_namespace=slot.order.namespace
         )
 
-    async def _sync_replicas(self) -> None:
-        _, slot = self._state()
-        await self._hub(
-            HubActivity.SYNC_NODEPOOL_REPLICAS,
-            self._nodepool_ref(),
-            ReplicaSync,
-            summary=f"Set {slot.nodepool_name} replicas to the agents handed to it",
-        )
-
     def _set_phase(self, phase: WorkerPhase) -> None:
         progress, _ = self._state()
         if progress.status.phase == phase:
@@ -450,13 +446,15 @@ class WorkerNodeWorkflow:
         self._pending_reports.append(asyncio.ensure_future(self._report()))
 
     def _publish_phase(self, phase: WorkerPhase) -> None:
+        """One upsert per phase change, carrying the attempt and (once known) the BMI with it."""
         progress, _ = self._state()
-        workflow.upsert_search_attributes(
-            [
-                OSAC_WORKER_PHASE.value_set(phase.value),
-                OSAC_ATTEMPT.value_set(progress.status.attempt_count),
-            ]
-        )
+        updates: list[SearchAttributeUpdate[Any]] = [
+            OSAC_WORKER_PHASE.value_set(phase.value),
+            OSAC_ATTEMPT.value_set(progress.status.attempt_count),
+        ]
+        if progress.bmi_id is not None:
+            updates.append(OSAC_BARE_METAL_INSTANCE.value_set(progress.bmi_id))
+        workflow.upsert_search_attributes(updates)
 
     async def _report(self, deleted: bool = False) -> None:
         assert self._input is not None and self._progress is not None
@@ -500,33 +498,13 @@ class WorkerNodeWorkflow:
         *,
         summary: str,
         wait: bool = False,
-        give_up_after: tuple[timedelta, FailureReason] | None = None,
     ) -> T:
-        call = self._call(name.value, arg, result_type, summary=summary, wait=wait, task_queue=None)
-        if give_up_after is None:
-            return await call
-        return await self._timed(call, *give_up_after)
+        return await self._call(name.value, arg, result_type, summary=summary, wait=wait, task_queue=None)
 
-    async def _timed(self, call: Awaitable[T], limit: timedelta, reason: FailureReason) -> T:
-        """Race a wait against a durable workflow timer, so the policy's timeouts survive restarts
-        and can be proven with time skipping; the loser is cancelled."""
-        task = asyncio.ensure_future(call)
-        try:
-            await workflow.wait_condition(task.done, timeout=limit)
-        except TimeoutError:
-            task.cancel()
-            await asyncio.wait([task])
-            if not task.cancelled():
-                task.exception()  # retrieved: the outcome of a loser does not matter
-            raise AttemptFailed(reason, f"no progress within {limit}") from None
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        return await task
-
-    def _backstop(self, limit: timedelta) -> datetime:
-        """The activity's own deadline: later than the workflow's timer, which normally decides."""
-        return workflow.now() + limit + timedelta(minutes=5)
+    def _deadline(self, limit: timedelta) -> datetime:
+        """An absolute deadline for a wait activity: durable in its input, so a retried or
+        restarted wait keeps the policy's limit, and no workflow timer adds to the history."""
+        return workflow.now() + limit
 
     async def _call(
         self,

@@ -1,4 +1,5 @@
-"""The BMaaS activities: create, wait running, delete, wait gone, resolve the boot image, list.
+"""The BMaaS activities: create, wait running, delete, wait gone, resolve the boot image, list, and
+find the BMIs owning given MACs.
 
 Constructed once at worker start with the process's client, watcher and ignition source; Temporal
 calls the bound `@activity.defn` methods. Every input and output is a contracts.bmaas model and none
@@ -18,7 +19,7 @@ from temporalio.exceptions import ApplicationError
 from activities.bmaas.client import CLUSTER_VERSIONS, DISK_IMAGES, INSTANCE_TYPES, BmaasClient, cel_string
 from activities.bmaas.errors import BmaasApiError, redact
 from activities.bmaas.snapshot import BmiSnapshot
-from activities.bmaas.watcher import GONE, BmiWatcher, Observed
+from activities.bmaas.watcher import GONE, LIST_FILTER, BmiWatcher, Observed
 from contracts.bmaas import (
     CAAS_CATALOG_ITEM,
     ORDER_LABEL,
@@ -30,9 +31,11 @@ from contracts.bmaas import (
     CreateWorkerInstanceInput,
     CreateWorkerInstanceResult,
     DeleteInstanceResult,
+    FindInstancesWithMacsInput,
     InstanceGone,
     InstanceRef,
     InstanceRunning,
+    InstancesWithMacs,
     ListOrderInstancesInput,
     OrderInstances,
     ResolveBootImageInput,
@@ -106,16 +109,22 @@ class BmaasActivities:
             self.wait_instance_gone,
             self.resolve_boot_image,
             self.list_order_instances,
+            self.find_instances_with_macs,
         ]
 
     # -- create --------------------------------------------------------------------------------
 
     @activity.defn
     async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
-        """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created."""
+        """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created.
+        Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound)."""
         existing = await self._find_slot(req.order.name, req.bmi_name)
         if existing is not None:
             return self._adopt(existing)
+        if req.disk_image_id is None:
+            assert req.release_image is not None  # the model requires one of the two
+            image = await self.resolve_boot_image(ResolveBootImageInput(release_image=req.release_image))
+            req = req.model_copy(update={"disk_image_id": image.disk_image_id})
 
         interface = await self._fabric_interface(req.instance_type) if req.network_attachment else None
         namespace, infraenv = req.ignition_ref
@@ -274,8 +283,11 @@ class BmaasActivities:
         """Heartbeating wait until BMaaS confirms the BMI is gone (its wipe finished).
 
         A stuck wipe (a failure condition, or DELETING longer than `stuck_after_seconds`) is reported
-        in the heartbeat details and the wait goes on: stuck is never gone.
+        in the heartbeat details and the wait goes on: stuck is never gone. With `delete_first`, the
+        BMI is deleted first (again on a retry: a delete of a DELETING or gone BMI changes nothing).
         """
+        if req.delete_first:
+            await self.delete_instance(InstanceRef(bmi_id=req.bmi_id))
         was_stuck = False
         started = _now()
         first_seen_deleting: datetime | None = _previous_deleting_since()
@@ -368,6 +380,22 @@ class BmaasActivities:
             s.worker_instance() for s in snapshots if s.order_name == req.order.name and s.is_caas_worker
         ]
         return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
+
+    @activity.defn
+    async def find_instances_with_macs(self, req: FindInstancesWithMacsInput) -> InstancesWithMacs:
+        """The CaaS BMIs, of any order, other than `exclude_bmi_id` whose NICs carry one of the MACs.
+
+        A fresh list, not the watcher's cache: an Agent is bound on this answer, so a host that
+        started running moments ago must be seen. DELETING BMIs count (the host still has its NICs)."""
+        wanted = set(req.macs)
+        items = await self.client.list_instances(LIST_FILTER)
+        snapshots = [BmiSnapshot.from_api(item) for item in items]
+        found = {
+            s.id
+            for s in snapshots
+            if s.is_caas_worker and s.id != req.exclude_bmi_id and wanted.intersection(s.macs)
+        }
+        return InstancesWithMacs(bmi_ids=sorted(found))
 
     # -- helpers -------------------------------------------------------------------------------
 

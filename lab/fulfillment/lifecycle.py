@@ -183,6 +183,9 @@ class Lifecycle:
             )
             self._fail(rec, "NoMatchingHosts", NO_HOSTS_MESSAGE)
             return
+        # As the real service: the NICs are known from allocation on, long before the host runs.
+        rec.obj.status.hardware = BmiHardwareStatus(nics=[Nic(mac=mac) for mac in host.macs])
+        self._table.changed(rec)
 
         await self._clock.wait(lambda t: t.image_write_s)
         await self._clock.wait(lambda t: t.boot_s)
@@ -222,7 +225,6 @@ class Lifecycle:
         )
         if rec.deleting:  # a boot seam that swallowed the cancellation: DELETING stays
             return
-        rec.obj.status.hardware = BmiHardwareStatus(nics=[Nic(mac=mac) for mac in host.macs])
         rec.obj.status.state = BmiState.RUNNING
         self._set_conditions(
             rec,

@@ -11,6 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube import AGENTS, dig
 from contracts.hub import (
+    AgentMatch,
     AgentRef,
     HandAgentInput,
     HubErrorType,
@@ -57,17 +58,20 @@ async def test_agent_registering_later_is_found_by_any_mac_spelling(api, api_ass
     api.agent("unrelated", kit.random_macs(2))
     api.agent("host-a", macs)
     agent = await asyncio.wait_for(task, 30)
-    assert agent == AgentRef(namespace=api.ns, name="host-a")
+    assert agent == AgentMatch(namespace=api.ns, name="host-a", unmatched_macs=[])
     beat = run.heartbeats[0][0]
     assert set(beat) >= {"infraenv", "agents_in_infraenv", "matching_agents"}
 
 
 async def test_bond_mac_reported_on_a_second_nic_matches(api, api_assisted, kit):
     bmi_nics = kit.random_macs(3)
+    extra = kit.random_macs(1)[0]
     # The host reports a bond carrying the BMI's third NIC MAC, in uppercase, as its second interface.
-    api.agent("bonded", [kit.random_macs(1)[0], bmi_nics[2].upper()])
+    api.agent("bonded", [extra.upper().replace(":", "-"), bmi_nics[2].upper()])
     agent = await kit.run()(api_assisted.wait_agent_for_macs, wait_input(api, bmi_nics))
     assert agent.name == "bonded"
+    # Its other interface is reported (normalised) for the workflow to check against other BMIs.
+    assert agent.unmatched_macs == [extra]
 
 
 async def test_two_agents_with_a_bmi_mac_are_ambiguous_and_never_returned(api, api_assisted, kit):
@@ -137,6 +141,63 @@ async def test_hand_off_applies_the_nodepools_selector_and_never_binds(api, api_
     assert taken.value.type == HubErrorType.AGENT_OWNED_ELSEWHERE and taken.value.non_retryable
 
 
+async def test_concurrent_hand_offs_of_one_agent_to_two_slots_let_exactly_one_win(
+    api, api_assisted, api_kube, kit, monkeypatch
+):
+    """Both workers read the Agent unclaimed before either writes: the write is a compare-and-swap,
+    so the later one conflicts, re-reads, and finds the Agent taken."""
+    api.nodepool("np", SELECTOR)
+    api.agent("host-a", kit.random_macs())
+    both_read = asyncio.Barrier(2)
+    patch = api_kube.patch
+
+    async def patch_once_both_read(resource, namespace, name, body, **kwargs):
+        if resource is AGENTS and not both_read.broken:
+            await asyncio.wait_for(both_read.wait(), 10)
+            await both_read.abort()  # one rendezvous: later writes (re-tries) go straight through
+        return await patch(resource, namespace, name, body, **kwargs)
+
+    monkeypatch.setattr(api_kube, "patch", patch_once_both_read)
+
+    def request(worker: str) -> HandAgentInput:
+        return HandAgentInput(
+            agent=AgentRef(namespace=api.ns, name="host-a"),
+            nodepool=NodePoolRef(namespace=api.ns, name="np"),
+            worker=worker,
+        )
+
+    outcomes = await asyncio.gather(
+        kit.run()(api_assisted.hand_agent_to_nodepool, request("w-0")),
+        kit.run()(api_assisted.hand_agent_to_nodepool, request("w-1")),
+        return_exceptions=True,
+    )
+    won = [o for o in outcomes if not isinstance(o, BaseException)]
+    lost = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(won) == 1 and won[0].changed, outcomes
+    assert len(lost) == 1 and isinstance(lost[0], ApplicationError), outcomes
+    assert lost[0].type == HubErrorType.AGENT_OWNED_ELSEWHERE and lost[0].non_retryable
+    winner = won[0].labels["osac.openshift.io/worker"]
+    agent = api.get("Agent", "host-a")
+    assert agent["metadata"]["labels"]["osac.openshift.io/worker"] == winner
+    assert agent["metadata"]["annotations"]["osac.openshift.io/worker"] == winner
+
+
+async def test_hand_off_refuses_an_agent_annotated_for_another_slot(api, api_assisted, kit):
+    """A long slot name is labelled in a hashed short form; the annotation with the full name counts too."""
+    api.nodepool("np", SELECTOR)
+    api.agent("host-a", kit.random_macs())
+    api.patch("Agent", "host-a", {"metadata": {"annotations": {"osac.openshift.io/worker": "w-other"}}})
+    request = HandAgentInput(
+        agent=AgentRef(namespace=api.ns, name="host-a"),
+        nodepool=NodePoolRef(namespace=api.ns, name="np"),
+        worker="w-0",
+    )
+    with pytest.raises(ApplicationError) as taken:
+        await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert taken.value.type == HubErrorType.AGENT_OWNED_ELSEWHERE and taken.value.non_retryable
+    assert api.get("Agent", "host-a")["spec"]["approved"] is False
+
+
 async def test_hand_off_needs_a_nodepool_with_a_selector(api, api_assisted, kit):
     api.agent("host-a", kit.random_macs())
     request = HandAgentInput(
@@ -188,13 +249,15 @@ async def test_concurrent_hand_offs_and_syncs_converge_on_the_level(
     api.set_faults(faults)
 
     async def worker(i: int) -> int:
-        await kit.run()(
+        handed = await kit.run()(
             api_assisted.hand_agent_to_nodepool,
             HandAgentInput(
                 agent=AgentRef(namespace=api.ns, name=f"host-{i}"), nodepool=pool, worker=f"w-{i}"
             ),
         )
-        return (await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)).conflicts_retried
+        assert handed.replicas is not None  # the hand-off syncs the replicas itself
+        synced = await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)
+        return handed.replicas.conflicts_retried + synced.conflicts_retried
 
     try:
         conflicts = await asyncio.gather(*(worker(i) for i in range(5)))
@@ -409,3 +472,25 @@ async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assi
     with pytest.raises(ApplicationError) as ambiguous:
         await asyncio.wait_for(task, 30)
     assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH
+
+
+async def test_a_leaving_agents_machine_goes_before_a_newcomer_is_counted(api, api_hub_acts, kit):
+    """CAPI deletes a Machine only when Machines exceed replicas: counting a newcomer while another
+    Agent is leaving would leave replicas unchanged and both stuck. The removal goes first."""
+    api.nodepool("np", SELECTOR)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    for name in ("leaving", "staying", "newcomer"):
+        api.agent(name, kit.random_macs(), labels=SELECTOR, approved=True)
+    for name in ("leaving", "staying"):  # both run on a Machine
+        api.patch("Agent", name, {"metadata": {"labels": {"agentMachineRef": f"m-{name}"}}})
+    api.patch("NodePool", "np", {"spec": {"replicas": 2}})
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"osac.openshift.io/removing": "true"}}})
+
+    first = await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)
+    assert (first.replicas, first.agents, first.waiting_for_removal) == (1, ["staying"], ["leaving"])
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 1
+
+    # The provider released the leaving Agent's Machine: now the newcomer counts.
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": None}}})
+    second = await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)
+    assert (second.replicas, second.agents, second.waiting_for_removal) == (2, ["newcomer", "staying"], [])

@@ -32,7 +32,7 @@ WORKER_ACTIVITIES = {
     "wait_agent_for_macs",
     "hand_agent_to_nodepool",
     "wait_agent_installed",
-    "delete_instance",
+    "unbind_agent",
     "wait_instance_gone",
 }
 
@@ -169,7 +169,8 @@ def test_backend_calls_are_client_spans_under_their_activity(lifecycle: Lifecycl
 
     (create,) = under(BmaasActivity.CREATE_WORKER_INSTANCE, "bmaas POST /baremetal_instances")
     assert (create.attributes or {})["osac.bmaas.route"] == "/baremetal_instances"
-    (delete,) = under(BmaasActivity.DELETE_INSTANCE, "bmaas DELETE /baremetal_instances/{id}")
+    # The release deletes and waits in one activity.
+    (delete,) = under(BmaasActivity.WAIT_INSTANCE_GONE, "bmaas DELETE /baremetal_instances/{id}")
     assert (delete.attributes or {})["osac.bmi_id"] == lifecycle.bmi_id
     assert under("ensure_infraenv", "hub create InfraEnv")
     assert under("hand_agent_to_nodepool", "hub patch Agent")

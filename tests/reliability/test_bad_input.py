@@ -841,12 +841,6 @@ ROWS = [
             "{name}-worker-1: AmbiguousAgentMatch: The host could not be identified unambiguously; retrying.",
             "rogue Agent never approved or labelled",
         ),
-        missing=(
-            "wait_agent_for_macs takes an Agent whose MACs also belong to another host when it is the only"
-            " match: one worker hands the rogue Agent to its NodePool, the other fails AgentOwnedElsewhere"
-            " (shown as InternalError). Expected: an Agent reporting MACs outside the BMI's NICs is"
-            " ambiguous (AmbiguousAgentMatch) and never approved"
-        ),
     ),
 ]
 
