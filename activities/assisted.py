@@ -51,6 +51,7 @@ from activities.kube import (
     HubNotFound,
     Informer,
     KubeObject,
+    Resource,
     WaitTimedOut,
     condition,
     condition_true,
@@ -328,17 +329,9 @@ class AssistedActivities:
             patch: dict[str, Any] = {}
             if dig(existing, "data", PULL_SECRET_KEY) != data:
                 patch["data"] = {PULL_SECRET_KEY: data}
-            metadata = self._metadata_drift(existing, order, labels)
-            if metadata:
-                patch["metadata"] = metadata
-            if not patch:
-                return False, False
-            patch.setdefault("metadata", {})["resourceVersion"] = meta(existing).get("resourceVersion")
-            try:
-                await self._kube.patch(SECRETS, namespace, name, patch)
-            except (HubConflict, HubNotFound):
-                continue
-            return False, True
+            repaired = await self._repair(SECRETS, existing, order, labels, patch)
+            if repaired is not None:
+                return False, repaired
         raise self._adopt_conflict("Secret", namespace, name)
 
     async def _ensure_infraenv(
@@ -384,22 +377,38 @@ class AssistedActivities:
                 spec_patch["sshAuthorizedKey"] = ssh_key
             if current.get("clusterRef"):
                 spec_patch["clusterRef"] = None  # late binding: the InfraEnv serves no one cluster
-            patch: dict[str, Any] = {}
-            if spec_patch:
-                patch["spec"] = spec_patch
-            metadata = self._metadata_drift(existing, order, labels)
-            if metadata:
-                patch["metadata"] = metadata
-            if not patch:
-                return False, False
-            patch.setdefault("metadata", {})["resourceVersion"] = meta(existing).get("resourceVersion")
-            try:
-                await self._kube.patch(INFRA_ENVS, namespace, name, patch)
-            except (HubConflict, HubNotFound):
-                continue
-            activity.logger.info("InfraEnv %s/%s patched back to the order's settings", namespace, name)
-            return False, True
+            repaired = await self._repair(
+                INFRA_ENVS, existing, order, labels, {"spec": spec_patch} if spec_patch else {}
+            )
+            if repaired:
+                activity.logger.info("InfraEnv %s/%s patched back to the order's settings", namespace, name)
+            if repaired is not None:
+                return False, repaired
         raise self._adopt_conflict("InfraEnv", namespace, name)
+
+    async def _repair(
+        self,
+        resource: Resource,
+        existing: KubeObject,
+        order: KubeObject,
+        labels: dict[str, str],
+        patch: dict[str, Any],
+    ) -> bool | None:
+        """Patch an adopted object back to the order's settings (`patch` plus metadata drift), guarded
+        by its resourceVersion. False: nothing drifted; True: patched; None: it changed or vanished
+        meanwhile, so the caller starts over."""
+        metadata = self._metadata_drift(existing, order, labels)
+        if metadata:
+            patch["metadata"] = metadata
+        if not patch:
+            return False
+        patch.setdefault("metadata", {})["resourceVersion"] = meta(existing).get("resourceVersion")
+        m = meta(existing)
+        try:
+            await self._kube.patch(resource, str(m.get("namespace")), str(m.get("name")), patch)
+        except (HubConflict, HubNotFound):
+            return None
+        return True
 
     @staticmethod
     def _metadata_drift(existing: KubeObject, order: KubeObject, labels: dict[str, str]) -> dict[str, Any]:

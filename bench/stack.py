@@ -29,6 +29,7 @@ from bench.twins import BENCH_USER, TwinsInfo, TwinsProcess
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import DEFAULT_MAX_WORKERS_PER_ORDER, NodeSetRequest
+from lab import admin as lab_admin
 from lab.hub.testing import CONTROLLER_USER
 from starter.api import CommandError, WorkersApi
 
@@ -188,29 +189,16 @@ class BenchStack:
     # -- the twins' own records -------------------------------------------------------------------
 
     async def bmaas_stats(self) -> dict[str, Any]:
-        response = await self.bmaas.get("/lab/v1/stats")
-        response.raise_for_status()
-        result: dict[str, Any] = response.json()
-        return result
+        return await lab_admin.stats(self.bmaas)
 
     async def hub_stats(self) -> dict[str, Any]:
-        params = {"excludeUser": [CONTROLLER_USER, BENCH_USER]}
-        response = await self.hub.get("/lab/v1/stats", params=params)
-        response.raise_for_status()
-        result: dict[str, Any] = response.json()
-        return result
+        return await lab_admin.stats(self.hub, excludeUser=[CONTROLLER_USER, BENCH_USER])
 
     async def audit(self) -> list[dict[str, Any]]:
-        response = await self.bmaas.get("/lab/v1/audit")
-        response.raise_for_status()
-        records: list[dict[str, Any]] = response.json()["records"]
-        return records
+        return await lab_admin.audit(self.bmaas)
 
     async def audit_violations(self) -> list[Any]:
-        response = await self.bmaas.get("/lab/v1/audit/violations")
-        response.raise_for_status()
-        violations: list[Any] = response.json()["violations"]
-        return violations
+        return await lab_admin.audit_violations(self.bmaas)
 
     async def close(self) -> None:
         await self.hub.aclose()

@@ -105,7 +105,7 @@ class TimingPolicy(BaseModel):
     # A wipe still running after this is shown as HostWipeStuck (the release keeps waiting).
     wipe_stuck_after: timedelta = timedelta(minutes=30)
     # How long the cluster workflow gathers status changes before one write to the ClusterOrder.
-    status_coalesce: timedelta = timedelta(seconds=2)
+    status_coalesce: timedelta = timedelta(seconds=0.5)
     # How often a cluster with a missing boot image or cluster reference looks again.
     prerequisite_recheck: timedelta = timedelta(minutes=1)
 

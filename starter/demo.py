@@ -33,6 +33,7 @@ from rich.table import Table
 from activities.kube import AGENTS, HubKube, dig
 from contracts.refs import OrderRef
 from contracts.workflows import ClusterWorkersStatus, cluster_workflow_id
+from lab import admin as lab_admin
 from lab.fulfillment.seed import GPU_TYPE, RELEASE_IMAGE, STANDARD_TYPE
 from lab.serve import ADMIN_TOKEN_FILE
 from starter.api import OrderNotFound, WorkersApi
@@ -226,9 +227,7 @@ class Scenario:
         )
         if agents.items:
             raise DemoFailed("Agents of the order are left on the hub")
-        audit = await bmaas.get("/lab/v1/audit")
-        audit.raise_for_status()
-        for record in audit.json()["records"]:
+        for record in await lab_admin.audit(bmaas):
             name = str(record.get("bmi_name") or "")
             if not name.startswith(prefix):
                 continue
@@ -236,7 +235,7 @@ class Scenario:
                 self.report.allocated[name] = str(record.get("host_id"))
             elif record["kind"] == "WIPE_FINISHED":
                 self.report.wiped[name] = str(record.get("host_id"))
-        violations = (await bmaas.get("/lab/v1/audit/violations")).json()["violations"]
+        violations = await lab_admin.audit_violations(bmaas)
         if violations:
             raise DemoFailed(f"the BMaaS audit found violations: {violations}")
         unwiped = sorted(set(self.report.allocated) - set(self.report.wiped))

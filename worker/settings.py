@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     bmaas_activities_per_second: float | None = Field(default=20.0, gt=0)
     max_concurrent_activities: int = Field(default=200, gt=0)
     blocking_threads: int = Field(default=32, gt=0)
+    # Workflows kept in memory between tasks. Ready workers wait for days without a task, so a
+    # cache far smaller than the workers held bounds memory; an evicted worker replays its short
+    # history when its next event comes (see bench/README.md for the figures).
+    max_cached_workflows: int = Field(default=250, ge=0)
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     # The worker and the controller keep trying to reach Temporal this long at start (0: once).
     temporal_connect_seconds: float = Field(default=120.0, ge=0)

@@ -12,10 +12,14 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from lab.boot import BootSeam
@@ -111,6 +115,30 @@ def wait_until(
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not reached within {timeout}s (last: {result!r})")
         time.sleep(interval)
+
+
+@contextmanager
+def lab_serving(state: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`osac-workers lab serve ARGS...` as a real process, up once it wrote STATE/endpoints.json;
+    stopped with SIGTERM (a test of the clean stop reads the process's output afterwards)."""
+    cli = str(Path(sys.executable).parent / "osac-workers")
+    command = [cli, "lab", "serve", *args]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(
+            lambda: (state / "endpoints.json").exists() or proc.poll() is not None, timeout=60, what="lab up"
+        )
+        assert proc.poll() is None, proc.communicate()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
 
 
 def bmi_body(

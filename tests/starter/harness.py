@@ -19,8 +19,9 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.bmaas.client import BmaasClient
 from activities.kube import HubKube
+from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
-from contracts.workflows import ClusterWorkersStatus, cluster_workflow_id
+from contracts.workflows import CONFIRM_SCALE_DOWN_ANNOTATION, ClusterWorkersStatus, cluster_workflow_id
 from starter.api import OrderNotFound, WorkflowState
 from starter.controller import ClusterOrderController
 from starter.validation import InstanceTypeCatalog
@@ -253,3 +254,7 @@ async def wait_ready(stack: Stack, ref: OrderRef, ready: int, timeout: float = 1
         return status if settled and status.desired_workers == ready else None
 
     return await eventually(probe, f"{ready} ready workers of {ref.key}", timeout)
+
+
+UNMANAGED = {MANAGEMENT_STATE_ANNOTATION: "unmanaged"}
+CONFIRM = CONFIRM_SCALE_DOWN_ANNOTATION

@@ -8,7 +8,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,38 +16,20 @@ from temporalio.testing import WorkflowEnvironment
 from contracts.worker import WorkerPhase
 from lab.http_server import free_port
 from tests.starter.harness import (
+    CONFIRM,
+    UNMANAGED,
     RunningController,
     bare_metal,
     cli_env,
     create_order,
     get_order,
     patch_order,
-    start_controller,
     wait_observed,
     wait_ready,
 )
-from tests.workflows.stack import Stack, running_stack
+from tests.workflows.stack import Stack
 
 CLI = str(Path(sys.executable).parent / "osac-workers")
-UNMANAGED = {"osac.openshift.io/management-state": "unmanaged"}
-CONFIRM = "osac.openshift.io/confirm-scale-down"
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(temporal_env.client, tmp_path_factory.mktemp("cli")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-async def ctl(stack: Stack) -> AsyncIterator[RunningController]:
-    running = await start_controller(stack)
-    try:
-        yield running
-    finally:
-        await running.stop()
 
 
 @pytest.fixture(scope="module")

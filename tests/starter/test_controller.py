@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from temporalio.testing import WorkflowEnvironment
 
 from contracts.refs import OrderRef
 from contracts.workflows import cluster_workflow_id
 from starter.api import WorkflowState
 from tests.starter.harness import (
+    CONFIRM,
     FINALIZER,
+    UNMANAGED,
     RunningController,
     bare_metal,
     condition,
@@ -25,34 +25,13 @@ from tests.starter.harness import (
     get_order,
     patch_order,
     run_id,
-    start_controller,
     update_names,
     wait_condition,
     wait_observed,
     wait_ready,
     workflow_state,
 )
-from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack
-
-UNMANAGED = {"osac.openshift.io/management-state": "unmanaged"}
-CONFIRM = "osac.openshift.io/confirm-scale-down"
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(temporal_env.client, tmp_path_factory.mktemp("controller")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-async def ctl(stack: Stack) -> AsyncIterator[RunningController]:
-    running = await start_controller(stack)
-    try:
-        yield running
-    finally:
-        await running.stop()
+from tests.workflows.stack import PULL_SECRET, Stack, eventually
 
 
 async def test_create_change_and_delete_with_the_finalizer(stack: Stack, ctl: RunningController) -> None:

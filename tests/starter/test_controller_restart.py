@@ -3,11 +3,6 @@ workflow and apply each change once (the workflow's history shows every accepted
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-from temporalio.testing import WorkflowEnvironment
-
 from tests.starter.harness import (
     bare_metal,
     controller,
@@ -20,15 +15,7 @@ from tests.starter.harness import (
     wait_observed,
     wait_ready,
 )
-from tests.workflows.stack import Stack, running_stack
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Stack]:
-    async with running_stack(temporal_env.client, tmp_path_factory.mktemp("restart")) as running:
-        yield running
+from tests.workflows.stack import Stack
 
 
 async def test_two_controllers_and_restarts_never_start_a_second_workflow_or_double_apply(

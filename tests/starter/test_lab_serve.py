@@ -19,7 +19,7 @@ import kubernetes
 import pytest
 import yaml
 
-from lab.fulfillment.testing import wait_until
+from lab.fulfillment.testing import lab_serving
 
 CLI = str(Path(sys.executable).parent / "osac-workers")
 WIDGET_CRD = """
@@ -50,10 +50,8 @@ def served(tmp_path: Path) -> Iterator[Served]:
     crds = tmp_path / "crds"
     crds.mkdir()
     (crds / "widgets.yaml").write_text(WIDGET_CRD)
-    command = [
-        CLI,
-        "lab",
-        "serve",
+    with lab_serving(
+        state,
         "--state-dir",
         str(state),
         "--fulfillment-port",
@@ -66,23 +64,8 @@ def served(tmp_path: Path) -> Iterator[Served]:
         "zero",
         "--crd-dir",
         str(crds),
-    ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(
-            lambda: (state / "endpoints.json").exists() or proc.poll() is not None, timeout=60, what="lab up"
-        )
-        assert proc.poll() is None, proc.communicate()
+    ) as proc:
         yield state, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
 
 
 def test_serve_runs_the_hub_twin_with_a_kubeconfig_and_stops_cleanly(served: Served) -> None:

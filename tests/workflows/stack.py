@@ -26,6 +26,7 @@ from temporalio.service import RPCError
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import NodeSetRequest
+from lab import admin as lab_admin
 from lab.fulfillment.testing import RunningFulfillmentTwin, start_fulfillment_twin
 from lab.fulfillment.timings import Timings
 from lab.hub_controllers.testing import Lab, start_lab
@@ -158,16 +159,10 @@ class Stack:
         return items
 
     async def audit(self) -> list[dict[str, Any]]:
-        response = await self.bmaas_http.get("/lab/v1/audit")
-        response.raise_for_status()
-        records: list[dict[str, Any]] = response.json()["records"]
-        return records
+        return await lab_admin.audit(self.bmaas_http)
 
     async def audit_violations(self) -> list[Any]:
-        response = await self.bmaas_http.get("/lab/v1/audit/violations")
-        response.raise_for_status()
-        violations: list[Any] = response.json()["violations"]
-        return violations
+        return await lab_admin.audit_violations(self.bmaas_http)
 
     async def set_bmaas_faults(self, **faults: Any) -> None:
         (await self.bmaas_http.put("/lab/v1/faults", json=faults)).raise_for_status()

@@ -9,7 +9,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 import lab.serve
-from lab.fulfillment.testing import bmi_body, wait_until
+from lab.fulfillment.testing import bmi_body, lab_serving
 
 BMI = "/api/private/v1/baremetal_instances"
 SECRET = "SECRET-USER-DATA-" + "q" * 24
@@ -34,10 +33,8 @@ Served = tuple[Path, "subprocess.Popen[str]"]
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     state = tmp_path / "state"
-    command = [
-        str(Path(sys.executable).parent / "osac-workers"),
-        "lab",
-        "serve",
+    with lab_serving(
+        state,
         "--state-dir",
         str(state),
         "--fulfillment-port",
@@ -58,23 +55,8 @@ def served(tmp_path: Path) -> Iterator[Served]:
         "0.03",
         "--deprovision-seconds",
         "0",
-    ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(
-            lambda: (state / "endpoints.json").exists() or proc.poll() is not None, timeout=60, what="lab up"
-        )
-        assert proc.poll() is None, proc.communicate()
+    ) as proc:
         yield state, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
 
 
 def test_serve_writes_its_files_and_stops_cleanly(served: Served) -> None:
