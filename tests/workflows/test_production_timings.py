@@ -9,13 +9,15 @@ here the default of the policy is checked.)
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from contracts.activities import HubActivity
+from contracts.hub import WaitAgentInput
 from contracts.worker import FailureReason, TimingPolicy, WorkerStatus
 from contracts.workflows import worker_workflow_id
 from tests.conftest import temporal_binary
@@ -100,3 +102,27 @@ async def test_no_hosts_backoff_follows_the_5_15_30_minute_table(stack: Stack) -
     await stack.wait_ready(order, 1)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_the_30_minute_registration_deadline_reaches_the_wait(stack: Stack) -> None:
+    """The registration timeout is a deadline in the wait activity's input (computed from workflow
+    time), not a timer: the server does not skip time while that activity is pending, so the value
+    itself is checked here, in the history, and its expiry with short values in test_failures.py."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+    history = await handle.fetch_history()
+    scheduled = [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == HubActivity.WAIT_AGENT_FOR_MACS
+    ]
+    assert len(scheduled) == 1
+    payload = scheduled[0].activity_task_scheduled_event_attributes.input.payloads[0]
+    wait = WaitAgentInput.model_validate_json(payload.data)
+    # Workflow time of the task that scheduled it is at most a task's latency before the event.
+    lead = wait.deadline - scheduled[0].event_time.ToDatetime(tzinfo=UTC)
+    assert timedelta(minutes=30) - timedelta(seconds=30) <= lead <= timedelta(minutes=30), lead
+    await stack.decommission_and_wait(order)
