@@ -30,6 +30,7 @@ from activities.kube import (
     HubConflict,
     HubKube,
     HubNotFound,
+    HubUnavailable,
     KubeObject,
     WaitTimedOut,
     condition_true,
@@ -48,6 +49,7 @@ from contracts.hub import (
     AgentRef,
     BareMetalNodeRequest,
     Condition,
+    EventInput,
     EventReason,
     EventType,
     HubErrorType,
@@ -111,6 +113,8 @@ async def read_order_object(kube: HubKube, order: OrderRef) -> KubeObject:
 def _jitter(attempt: int) -> float:
     return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
 
+
+EVENT_WRITE_ATTEMPTS = 5
 
 _REPORTING_INSTANCE = f"{socket.gethostname()}-{os.getpid()}"[:128]
 
@@ -504,11 +508,30 @@ class HubActivities:
         if obj is not None and input.events:
             involved = order_involved_object(obj)
             for event in input.events:
-                name = await write_order_event(
+                name = await self._write_event_best_effort(involved, event)
+                result.events_written += name is not None
+                result.events_dropped += name is None
+        return result
+
+    async def _write_event_best_effort(self, involved: dict[str, Any], event: EventInput) -> str | None:
+        """Events are observability: a few quick retries, then the Event is dropped (as Kubernetes'
+        own event recorders do) rather than failing the activity, whose retry would hold back every
+        later status write behind a hub that rejects a share of writes."""
+        for attempt in range(EVENT_WRITE_ATTEMPTS):
+            try:
+                return await write_order_event(
                     self._kube, involved, event.reason, event.message, event.type, event.key
                 )
-                result.events_written += name is not None
-        return result
+            except (HubUnavailable, HubConflict):
+                if attempt + 1 < EVENT_WRITE_ATTEMPTS:
+                    await asyncio.sleep(_jitter(attempt))
+        activity.logger.warning(
+            "dropped Event %s on ClusterOrder %s after %d attempts",
+            event.reason.value,
+            event.order.key,
+            EVENT_WRITE_ATTEMPTS,
+        )
+        return None
 
     async def _write_status(self, input: PublishStatusInput) -> tuple[PublishStatusResult, KubeObject | None]:
         """The result, and the ClusterOrder as last read (None when it is gone)."""

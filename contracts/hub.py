@@ -337,6 +337,8 @@ class PublishStatusResult(BaseModel):
     # How many optimistic-concurrency conflicts were retried inside the activity.
     conflicts_retried: int = 0
     events_written: int = 0
+    # Events given up after a few attempts: best effort, they never hold a status write back.
+    events_dropped: int = 0
 
 
 # ---------------------------------------------------------------------------------------------

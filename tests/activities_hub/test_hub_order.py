@@ -290,3 +290,30 @@ async def test_events_are_written_with_the_status_once_per_key(api, api_hub_acts
     absent = with_events.model_copy(update={"order": ref(api, "absent")})
     gone = await kit.run()(api_hub_acts.publish_order_status, absent)
     assert not gone.order_found and gone.events_written == 0
+
+
+async def test_failing_event_writes_never_hold_the_status_back(api, api_hub_acts, kit):
+    """A hub rejecting Event writes: a few retries each, then the Event is dropped; the status is
+    written and the activity succeeds (its retry would hold back every later status write)."""
+    api.order()
+    events = [
+        EventInput(order=ref(api), reason=EventReason.WORKER_READY, message=f"Worker {i} ready.", key=f"k{i}")
+        for i in range(3)
+    ]
+    # Four failed writes in a row: retried inside the activity, every Event written.
+    api.set_faults({"errors": [{"code": 500, "verbs": ["create"], "resources": ["events"], "limit": 4}]})
+    flaky = await kit.run()(
+        api_hub_acts.publish_order_status, publish_input(api).model_copy(update={"events": events})
+    )
+    assert (flaky.changed, flaky.events_written, flaky.events_dropped) == (True, 3, 0)
+    # Every Event write fails: dropped, and the status still goes out.
+    api.set_faults({"errors": [{"code": 500, "verbs": ["create"], "resources": ["events"]}]})
+    try:
+        lost = await kit.run()(
+            api_hub_acts.publish_order_status,
+            publish_input(api, ready=2).model_copy(update={"events": events[:1]}),
+        )
+    finally:
+        api.set_faults({})
+    assert (lost.changed, lost.events_written, lost.events_dropped) == (True, 0, 1)
+    assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 2
