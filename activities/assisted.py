@@ -17,7 +17,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import random
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -31,10 +30,12 @@ from activities.hub import (
     MAX_CONFLICT_RETRIES,
     agent_claimed,
     annotate_machine,
+    conflict_backoff,
     error,
     heartbeat,
     nodepool_selector,
     read_order_object,
+    still_conflicting,
     sync_replicas,
     tick_seconds,
     write_order_event,
@@ -124,11 +125,6 @@ def label_value(value: str) -> str:
         return value
     digest = hashlib.sha256(value.encode()).hexdigest()[:8]
     return f"{value[:54].rstrip('-_.')}-{digest}"
-
-
-def conflict_backoff(attempt: int) -> float:
-    """Jittered, growing to 1 s: a busy Agent still leaves a window between other writers."""
-    return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
 
 
 def agent_macs(agent: KubeObject) -> set[str]:
@@ -776,12 +772,8 @@ class AssistedActivities:
                 "Agent %s/%s handed to NodePool %s", ref.namespace, ref.name, input.nodepool.name
             )
             return HandAgentResult(agent=ref, labels=wanted_labels, changed=True)
-        raise error(
-            f"Agent {ref.namespace}/{ref.name}: still conflicting after {MAX_CONFLICT_RETRIES} attempts",
-            HubErrorType.CONFLICT,
-            non_retryable=False,
-            namespace=ref.namespace,
-            name=ref.name,
+        raise still_conflicting(
+            AGENTS.kind, ref.namespace, ref.name, f"Agent {ref.namespace}/{ref.name}", MAX_CONFLICT_RETRIES
         )
 
     async def _refuse_shared_macs(self, agent: KubeObject) -> None:

@@ -110,8 +110,22 @@ async def read_order_object(kube: HubKube, order: OrderRef) -> KubeObject:
         raise order_not_found(order) from None
 
 
-def _jitter(attempt: int) -> float:
+def conflict_backoff(attempt: int) -> float:
+    """Jittered, growing to 1 s: a busy object still leaves a window between other writers."""
     return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
+
+
+def still_conflicting(kind: str, namespace: str, name: str, what: str, conflicts: int) -> HubConflict:
+    """The retryable error once a compare-and-swap loop has lost `conflicts` races in a row."""
+    return HubConflict(
+        f"{what}: still conflicting after {conflicts} retries",
+        type=HubErrorType.CONFLICT,
+        non_retryable=False,
+        code=409,
+        kind=kind,
+        namespace=namespace,
+        name=name,
+    )
 
 
 EVENT_WRITE_ATTEMPTS = 5
@@ -364,7 +378,7 @@ async def sync_replicas(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
             await kube.patch(NODE_POOLS, nodepool.namespace, nodepool.name, patch)
         except HubConflict:
             conflicts += 1
-            await asyncio.sleep(_jitter(attempt))
+            await asyncio.sleep(conflict_backoff(attempt))
             continue
         except HubNotFound:
             return ReplicaSync(
@@ -382,14 +396,12 @@ async def sync_replicas(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
             waiting_for_removal=leaving,
             conflicts_retried=conflicts,
         )
-    raise HubConflict(
-        f"NodePool {nodepool.namespace}/{nodepool.name}: still conflicting after {conflicts} retries",
-        type=HubErrorType.CONFLICT,
-        non_retryable=False,
-        code=409,
-        kind=NODE_POOLS.kind,
-        namespace=nodepool.namespace,
-        name=nodepool.name,
+    raise still_conflicting(
+        NODE_POOLS.kind,
+        nodepool.namespace,
+        nodepool.name,
+        f"NodePool {nodepool.namespace}/{nodepool.name}",
+        conflicts,
     )
 
 
@@ -524,7 +536,7 @@ class HubActivities:
                 )
             except (HubUnavailable, HubConflict):
                 if attempt + 1 < EVENT_WRITE_ATTEMPTS:
-                    await asyncio.sleep(_jitter(attempt))
+                    await asyncio.sleep(conflict_backoff(attempt))
         activity.logger.warning(
             "dropped Event %s on ClusterOrder %s after %d attempts",
             event.reason.value,
@@ -567,17 +579,11 @@ class HubActivities:
                 )
             except HubConflict:
                 conflicts += 1
-                await asyncio.sleep(_jitter(attempt))
+                await asyncio.sleep(conflict_backoff(attempt))
                 continue
             except HubNotFound:
                 return PublishStatusResult(order_found=False, conflicts_retried=conflicts), None
             return PublishStatusResult(changed=True, conflicts_retried=conflicts), obj
-        raise HubConflict(
-            f"ClusterOrder {order.key} status: still conflicting after {conflicts} retries",
-            type=HubErrorType.CONFLICT,
-            non_retryable=False,
-            code=409,
-            kind=CLUSTER_ORDERS.kind,
-            namespace=order.namespace,
-            name=order.name,
+        raise still_conflicting(
+            CLUSTER_ORDERS.kind, order.namespace, order.name, f"ClusterOrder {order.key} status", conflicts
         )
