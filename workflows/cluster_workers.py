@@ -9,7 +9,7 @@ the ClusterOrder in coalesced batches.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -94,7 +94,6 @@ class ClusterWorkersWorkflow:
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
         self._published_generation = 0
-        self._last_published: datetime | None = None
         self._finished = False
         self._cluster: ClusterReference | None = carried.cluster
         self._facts: OrderFacts | None = carried.facts
@@ -478,14 +477,11 @@ class ClusterWorkersWorkflow:
         return []
 
     async def _publish_loop(self) -> None:
-        """Coalesce status changes into few ClusterOrder writes: a change after a quiet spell is
-        written at once; changes within `status_coalesce` of the last write go in the next one."""
+        """Coalesce status changes into few ClusterOrder writes. Always the same timer, never a
+        branch on elapsed workflow time, which replay after a worker crash did not reproduce."""
         while True:
             await workflow.wait_condition(lambda: self._status_generation > self._published_generation)
-            if self._last_published is not None:
-                quiet = workflow.now() - self._last_published
-                if quiet < self._input.policy.status_coalesce:
-                    await workflow.sleep(self._input.policy.status_coalesce - quiet)
+            await workflow.sleep(self._input.policy.status_coalesce)
             generation = self._status_generation
             status = self.status()
             failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)
@@ -500,7 +496,6 @@ class ClusterWorkersWorkflow:
                 await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
                 continue
             self._published_generation = generation
-            self._last_published = workflow.now()
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
         await self._hub(
