@@ -26,6 +26,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.agent_watch import AgentWatches
 from activities.hub import (
     MAX_CONFLICT_RETRIES,
     agent_claimed,
@@ -78,6 +79,7 @@ from contracts.hub import (
     AgentRef,
     AgentState,
     AgentUnbound,
+    AgentWatch,
     DeleteInfraEnvResult,
     DeleteResult,
     EnsureInfraEnvResult,
@@ -98,6 +100,7 @@ from contracts.hub import (
     WaitAgentInput,
     WaitAgentInstalledInput,
     WaitAgentUnboundInput,
+    WatchAgentInput,
     normalize_mac,
 )
 from contracts.refs import OrderRef
@@ -206,6 +209,48 @@ def _owner_refs_with(existing: KubeObject, order: KubeObject) -> list[dict[str, 
     return [*others, wanted]
 
 
+def _candidates(input: WaitAgentInput, agents: list[KubeObject]) -> list[KubeObject]:
+    """The live Agents of the worker's InfraEnv that are not another order's."""
+    found = []
+    for agent in agents:
+        labels = labels_of(agent)
+        if labels.get(INFRAENV_LABEL) != input.infraenv.name or meta(agent).get("deletionTimestamp"):
+            continue
+        if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
+            continue  # an Agent of another order must never be taken
+        found.append(agent)
+    return found
+
+
+def _match_agent(input: WaitAgentInput, agents: list[KubeObject]) -> AgentMatch | None:
+    """The one Agent reporting one of the BMI's MACs; None while there is none, or while an Agent
+    whose MACs are not known yet could turn out to be a duplicate. Two: AmbiguousAgentMatch."""
+    namespace, infraenv = input.infraenv.namespace, input.infraenv.name
+    wanted = set(input.macs)
+    candidates = _candidates(input, agents)
+    matching = sorted(
+        (a for a in candidates if agent_macs(a) & wanted), key=lambda a: str(meta(a).get("name"))
+    )
+    if len(matching) > 1:
+        raise error(
+            f"{len(matching)} Agents of InfraEnv {namespace}/{infraenv} match the host's MACs",
+            HubErrorType.AMBIGUOUS_AGENT_MATCH,
+            non_retryable=True,
+            namespace=namespace,
+            infraenv=infraenv,
+            agents=[str(meta(a).get("name")) for a in matching],
+        )
+    if not matching:
+        return None
+    if any(awaiting_inventory(a) for a in candidates if not agent_macs(a)):
+        return None
+    return AgentMatch(
+        namespace=namespace,
+        name=str(meta(matching[0]).get("name")),
+        unmatched_macs=sorted(agent_macs(matching[0]) - wanted),
+    )
+
+
 class AssistedActivities:
     """InfraEnv and Agent activities, and the discovery-ignition source for the BMaaS activities.
 
@@ -232,6 +277,11 @@ class AssistedActivities:
         self._warn_bytes = ignition_warn_bytes
         self._limit_bytes = ignition_limit_bytes
         self._ignition_timeout = ignition_timeout
+        self._agent_watches = AgentWatches()
+
+    async def aclose(self) -> None:
+        """Stop the Agent watches of this process (their workers renew them elsewhere)."""
+        await self._agent_watches.aclose()
 
     def all(self) -> list[Any]:
         """Every activity of this class, bound, for `Worker(activities=...)`."""
@@ -239,6 +289,7 @@ class AssistedActivities:
             self.ensure_infraenv,
             self.wait_infraenv_ready,
             self.delete_infraenv,
+            self.watch_agent_for_macs,
             self.wait_agent_for_macs,
             self.hand_agent_to_nodepool,
             self.wait_agent_installed,
@@ -620,6 +671,24 @@ class AssistedActivities:
 
     # -- Agents -----------------------------------------------------------------------------
 
+    @activity.defn(name=HubActivity.WATCH_AGENT_FOR_MACS.value)
+    async def watch_agent_for_macs(self, input: WatchAgentInput) -> AgentWatch:
+        """The worker's Agent if it is registered already; otherwise start (or keep) a watch in this
+        process that signals `agent_registered` to the worker once it is, and return at once.
+
+        The worker waits on a durable timer meanwhile, holding no activity slot and no heartbeat,
+        and renews the watch now and then (a restarted process has lost it). Two matching Agents
+        now: non-retryable AmbiguousAgentMatch, as in wait_agent_for_macs."""
+        fresh = await self._kube.list(
+            AGENTS, input.infraenv.namespace, label_selector=f"{INFRAENV_LABEL}={input.infraenv.name}"
+        )
+        match = _match_agent(input, fresh.items)
+        if match is not None:
+            activity.logger.info("Agent %s/%s correlated by MAC", match.namespace, match.name)
+            return AgentWatch(match=match)
+        self._agent_watches.watch(input, activity.client(), lambda: self._await_agent(input))
+        return AgentWatch()
+
     @activity.defn(name=HubActivity.WAIT_AGENT_FOR_MACS.value)
     async def wait_agent_for_macs(self, input: WaitAgentInput) -> AgentMatch:
         """The one Agent of the InfraEnv reporting one of the BMI's MACs on any interface, with its
@@ -627,48 +696,12 @@ class AssistedActivities:
 
         Two or more: non-retryable AmbiguousAgentMatch (never bound; names in the error details).
         Past the deadline: non-retryable AgentRegistrationTimeout."""
+        informer = self._kube.informer(AGENTS)
         namespace, infraenv = input.infraenv.namespace, input.infraenv.name
         wanted = set(input.macs)
-        informer = self._kube.informer(AGENTS)
-
-        def candidates(agents: list[KubeObject]) -> list[KubeObject]:
-            found = []
-            for agent in agents:
-                labels = labels_of(agent)
-                if labels.get(INFRAENV_LABEL) != infraenv or meta(agent).get("deletionTimestamp"):
-                    continue
-                if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
-                    continue  # an Agent of another order must never be taken
-                found.append(agent)
-            return found
-
-        def decide(agents: list[KubeObject]) -> AgentMatch | None:
-            matching = sorted(
-                (a for a in candidates(agents) if agent_macs(a) & wanted),
-                key=lambda a: str(meta(a).get("name")),
-            )
-            if len(matching) > 1:
-                names = [str(meta(a).get("name")) for a in matching]
-                raise error(
-                    f"{len(matching)} Agents of InfraEnv {namespace}/{infraenv} match the host's MACs",
-                    HubErrorType.AMBIGUOUS_AGENT_MATCH,
-                    non_retryable=True,
-                    namespace=namespace,
-                    infraenv=infraenv,
-                    agents=names,
-                )
-            if not matching:
-                return None
-            if any(awaiting_inventory(a) for a in candidates(agents) if not agent_macs(a)):
-                return None  # an Agent whose MACs are not known yet could be a duplicate: wait
-            return AgentMatch(
-                namespace=namespace,
-                name=str(meta(matching[0]).get("name")),
-                unmatched_macs=sorted(agent_macs(matching[0]) - wanted),
-            )
 
         def on_tick() -> None:
-            agents = candidates(informer.items(namespace))
+            agents = _candidates(input, informer.items(namespace))
             heartbeat(
                 AgentMatchProgress(
                     infraenv=infraenv,
@@ -678,14 +711,24 @@ class AssistedActivities:
                 )
             )
 
+        agent = await self._await_agent(input, on_tick, tick_seconds(self._heartbeat_every))
+        activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
+        return agent
+
+    async def _await_agent(
+        self, input: WaitAgentInput, on_tick: Callable[[], None] | None = None, tick: float = 10.0
+    ) -> AgentMatch:
+        """Wait on the shared Agent informer until exactly one Agent matches (see _match_agent)."""
+        namespace, infraenv = input.infraenv.namespace, input.infraenv.name
+        informer = self._kube.informer(AGENTS)
         while True:
             try:
                 await informer.wait(
-                    lambda: decide(informer.items(namespace)),
+                    lambda: _match_agent(input, informer.items(namespace)),
                     namespace=namespace,
                     deadline=input.deadline,
                     on_tick=on_tick,
-                    tick_seconds=tick_seconds(self._heartbeat_every),
+                    tick_seconds=tick,
                 )
             except WaitTimedOut:
                 raise error(
@@ -695,17 +738,15 @@ class AssistedActivities:
                     namespace=namespace,
                     infraenv=infraenv,
                     deadline=input.deadline.isoformat(),
-                    agents_in_infraenv=len(candidates(informer.items(namespace))),
+                    agents_in_infraenv=len(_candidates(input, informer.items(namespace))),
                 ) from None
             # The cache may lag the hub: decide on a fresh list (one call per match, not per wait),
             # so an Agent registered just before is seen and an ambiguity is not missed.
             fresh = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
-            agent = decide(fresh.items)
+            agent = _match_agent(input, fresh.items)
             if agent is not None:
-                break
+                return agent
             await asyncio.sleep(0.2)  # gone meanwhile: let the cache catch up rather than spin
-        activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
-        return agent
 
     @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
     async def hand_agent_to_nodepool(self, input: HandAgentInput) -> HandAgentResult:

@@ -27,6 +27,7 @@ class HubActivity(StrEnum):
     ENSURE_INFRAENV = "ensure_infraenv"
     WAIT_INFRAENV_READY = "wait_infraenv_ready"
     DELETE_INFRAENV = "delete_infraenv"
+    WATCH_AGENT_FOR_MACS = "watch_agent_for_macs"
     WAIT_AGENT_FOR_MACS = "wait_agent_for_macs"
     HAND_AGENT_TO_NODEPOOL = "hand_agent_to_nodepool"
     WAIT_AGENT_INSTALLED = "wait_agent_installed"

@@ -394,6 +394,19 @@ class WaitAgentInput(BaseModel):
         return _aware(value)
 
 
+class WatchAgentInput(WaitAgentInput):
+    """watch_agent_for_macs: the wait's terms, and which worker to tell about which BMI."""
+
+    worker_workflow_id: str = Field(min_length=1)
+    bmi_id: str = Field(min_length=1)
+
+
+class AgentWatch(BaseModel):
+    """The Agent when it is registered already; None: a watch runs and will signal the worker."""
+
+    match: AgentMatch | None = None
+
+
 class AgentMatchProgress(BaseModel):
     """Heartbeat details of wait_agent_for_macs."""
 

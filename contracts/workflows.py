@@ -10,9 +10,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from contracts.hub import Condition, OrderFacts
+from contracts.hub import AgentMatch, Condition, OrderFacts
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
-from contracts.worker import TimingPolicy, WorkerPhase, WorkerStatus
+from contracts.worker import FailureReason, TimingPolicy, WorkerPhase, WorkerStatus
 
 WORKFLOW_TASK_QUEUE = "osac-workers"
 BMAAS_TASK_QUEUE = "osac-workers-bmaas"
@@ -106,6 +106,8 @@ class WorkerProgress(BaseModel):
     # When the slot first entered Provisioning: provisioning time counts every attempt.
     provisioning_since: datetime | None = None
     scale_down_requested: bool = False
+    # The registration deadline of the current attempt, set when it starts waiting for its Agent.
+    agent_deadline: datetime | None = None
 
 
 class WorkerNodeInput(BaseModel):
@@ -124,6 +126,17 @@ class WorkerNodeResult(BaseModel):
     name: str
     outcome: WorkerOutcome
     attempts: int
+
+
+class AgentRegistered(BaseModel):
+    """Signal `agent_registered`: the watch of watch_agent_for_macs found the worker's Agent (or
+    found two, `failure_reason` AmbiguousAgentMatch). `bmi_id` ties it to one attempt: a late
+    signal about an earlier attempt's host is ignored."""
+
+    bmi_id: str
+    match: AgentMatch | None = None
+    failure_reason: FailureReason | None = None
+    failure_message: str | None = None
 
 
 class WorkerReport(BaseModel):

@@ -36,6 +36,7 @@ def demo_policy() -> TimingPolicy:
         agent_registration_timeout=timedelta(seconds=90),
         agent_install_timeout=timedelta(seconds=180),
         agent_unbinding_timeout=timedelta(seconds=60),
+        agent_watch_renewal=timedelta(seconds=20),
         transient_backoff=_seconds(1, 2, 4),
         transient_backoff_cap=timedelta(seconds=10),
         no_hosts_backoff=_seconds(2, 5, 10),

@@ -69,6 +69,7 @@ class Backends:
         return found
 
     async def close(self) -> None:
+        await self.assisted.aclose()
         await self.bmi_watcher.stop()
         await self.bmaas_client.aclose()
         await self.ignition_http.aclose()

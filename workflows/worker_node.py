@@ -32,17 +32,19 @@ with workflow.unsafe.imports_passed_through():
     from contracts.hub import (
         AgentMatch,
         AgentRef,
+        AgentWatch,
         HandAgentInput,
         InfraEnvRef,
         NodePoolRef,
         ReleaseAgentInput,
         ReleasedAgents,
         UnbindAgentInput,
-        WaitAgentInput,
         WaitAgentInstalledInput,
+        WatchAgentInput,
     )
     from contracts.worker import TENANT_MESSAGES, FailureReason, WorkerPhase, WorkerStatus
     from contracts.workflows import (
+        AgentRegistered,
         WorkerNodeInput,
         WorkerNodeResult,
         WorkerOutcome,
@@ -63,6 +65,8 @@ T = TypeVar("T")
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
+# A timer must be positive; a deadline already passed fires at once.
+MIN_TIMER = timedelta(milliseconds=10)
 
 
 class AttemptFailed(Exception):
@@ -89,6 +93,7 @@ class WorkerNodeWorkflow:
         self._scale_down = False
         self._progress: WorkerProgress | None = None
         self._input: WorkerNodeInput | None = None
+        self._agent_registered: AgentRegistered | None = None
 
     # ----------------------------------------------------------------------------------- API
 
@@ -98,6 +103,17 @@ class WorkerNodeWorkflow:
         self._scale_down = True
         if self._progress is not None:
             self._progress.scale_down_requested = True
+
+    @workflow.signal
+    def agent_registered(self, report: AgentRegistered) -> None:
+        """From the watch started by watch_agent_for_macs. Only news of this attempt's host counts."""
+        progress = self._progress
+        if (
+            progress is not None
+            and progress.status.phase == WorkerPhase.WAITING_FOR_AGENT
+            and report.bmi_id == progress.bmi_id
+        ):
+            self._agent_registered = report
 
     @workflow.query
     def status(self) -> WorkerStatus:
@@ -197,22 +213,12 @@ class WorkerNodeWorkflow:
                 wait=True,
             )
             progress.macs = list(running.macs)
+            progress.agent_deadline = workflow.now() + self._policy().agent_registration_timeout
             self._set_phase(WorkerPhase.WAITING_FOR_AGENT)
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
             waiting_since = workflow.now()
-            match = await self._hub(
-                HubActivity.WAIT_AGENT_FOR_MACS,
-                WaitAgentInput(
-                    infraenv=InfraEnvRef.for_order(slot.order),
-                    order=slot.order,
-                    macs=progress.macs,
-                    deadline=self._deadline(self._policy().agent_registration_timeout),
-                ),
-                AgentMatch,
-                summary=f"Wait for the discovery agent of {slot.name} to register",
-                wait=True,
-            )
+            match = await self._await_agent()
             if match.unmatched_macs:
                 # Extra interfaces (a BMC's USB NIC) are normal; another BMI's NIC means the Agent is
                 # not unambiguously this host (osac-reference §4), so it is never bound.
@@ -258,6 +264,61 @@ class WorkerNodeWorkflow:
                 record_provisioning_duration(slot.order, workflow.now() - progress.provisioning_since)
                 progress.provisioning_since = None
             self._set_phase(WorkerPhase.READY)
+
+    async def _await_agent(self) -> AgentMatch:
+        """Wait for the host's Agent on a durable timer (the policy's registration deadline), told
+        early by the watch that watch_agent_for_macs leaves running, and renewing that watch every
+        `agent_watch_renewal` in case its process went away. Nothing is in flight meanwhile."""
+        progress, slot = self._state()
+        assert progress.bmi_id is not None
+        policy = self._policy()
+        if progress.agent_deadline is None:
+            progress.agent_deadline = workflow.now() + policy.agent_registration_timeout
+        deadline = progress.agent_deadline
+        self._agent_registered = None
+        while True:
+            watch = await self._hub(
+                HubActivity.WATCH_AGENT_FOR_MACS,
+                WatchAgentInput(
+                    infraenv=InfraEnvRef.for_order(slot.order),
+                    order=slot.order,
+                    macs=progress.macs,
+                    deadline=deadline,
+                    worker_workflow_id=workflow.info().workflow_id,
+                    bmi_id=progress.bmi_id,
+                ),
+                AgentWatch,
+                summary=f"Look for the discovery agent of {slot.name}, watch until it registers",
+            )
+            if watch.match is not None:
+                return watch.match
+            remaining = deadline - workflow.now()
+            # Decided before the timer starts, so replay takes the same branch whatever the clock.
+            final = remaining <= policy.agent_watch_renewal
+            try:
+                await workflow.wait_condition(
+                    lambda: self._agent_registered is not None,
+                    timeout=max(min(remaining, policy.agent_watch_renewal), MIN_TIMER),
+                    timeout_summary=(
+                        f"Registration deadline of {slot.name}"
+                        if final
+                        else f"Renew the agent watch of {slot.name}"
+                    ),
+                )
+            except TimeoutError:
+                if final:
+                    raise AttemptFailed(
+                        FailureReason.AGENT_REGISTRATION_TIMEOUT,
+                        f"no Agent registered in InfraEnv {slot.order.namespace} for the host of"
+                        f" {slot.name} (BMI {progress.bmi_id}) by {deadline.isoformat()}",
+                    ) from None
+                continue
+            report = self._agent_registered
+            assert report is not None
+            if report.failure_reason is not None:
+                raise AttemptFailed(report.failure_reason, report.failure_message or "")
+            assert report.match is not None
+            return report.match
 
     async def _fail(self, failure: AttemptFailed) -> None:
         progress, _ = self._state()
@@ -340,6 +401,7 @@ class WorkerNodeWorkflow:
             await self._wait_gone(bmi_id)
         progress.bmi_id = None
         progress.macs = []
+        progress.agent_deadline = None
         progress.status.resource_id = None
 
     async def _wait_gone(self, bmi_id: str) -> None:

@@ -98,6 +98,7 @@ def chaos_policy(config: ChaosConfig) -> TimingPolicy:
         agent_registration_timeout=timedelta(seconds=config.agent_registration_timeout_s),
         agent_install_timeout=timedelta(seconds=240),
         agent_unbinding_timeout=timedelta(seconds=120),
+        agent_watch_renewal=timedelta(seconds=5),
         transient_backoff=[timedelta(seconds=0.5), timedelta(seconds=1)],
         transient_backoff_cap=timedelta(seconds=2),
         no_hosts_backoff=[timedelta(seconds=2), timedelta(seconds=4)],

@@ -54,6 +54,7 @@ def fast_policy(**overrides: Any) -> TimingPolicy:
         agent_registration_timeout=timedelta(seconds=20),
         agent_install_timeout=timedelta(seconds=60),
         agent_unbinding_timeout=timedelta(seconds=20),
+        agent_watch_renewal=timedelta(seconds=5),
         transient_backoff=[timedelta(seconds=0.5), timedelta(seconds=1)],
         transient_backoff_cap=timedelta(seconds=2),
         no_hosts_backoff=[timedelta(seconds=1), timedelta(seconds=2)],

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -31,9 +32,13 @@ async def lifecycle(
 ) -> AsyncIterator[tuple[Stack, list[WorkflowHistory], list[str]]]:
     """One order through scale-up, a targeted scale-down and decommission; its closed histories."""
     async with running_stack(temporal_env.client, tmp_path_factory.mktemp("histories")) as stack:
+        # Agents register a little after the worker starts watching, so the watch's signal is in
+        # the histories (an Agent already there is taken without one).
+        await stack.set_agent_faults({"slow_registration": {"rate": 1.0, "extra_delay_s": 2.0}})
         order = await stack.create_order({"bm-standard": 2})
         await stack.apply(order, {"bm-standard": 2})
         await stack.wait_ready(order, 2)
+        await stack.clear_agent_faults()
         infraenv = (await stack.infraenvs(order.namespace))[0]
         ignition_url = infraenv["status"]["bootArtifacts"]["discoveryIgnitionURL"]
         ignition = (await stack.hub_http.get(ignition_url)).text
@@ -77,6 +82,21 @@ async def test_no_secret_in_any_history(lifecycle: tuple[Stack, list[WorkflowHis
         for secret in secrets:
             assert secret not in text, f"a secret leaked into {history.workflow_id}"
             assert secret not in decoded, f"a secret leaked into a payload of {history.workflow_id}"
+
+
+async def test_workers_hear_of_their_agent_by_signal(
+    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
+) -> None:
+    _, histories, _ = lifecycle
+    workers = [h for h in histories if h.workflow_id.startswith("worker/")]
+    assert len(workers) == 2
+    for history in workers:
+        signals = [
+            e.workflow_execution_signaled_event_attributes.signal_name
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        ]
+        assert "agent_registered" in signals, (history.workflow_id, signals)
 
 
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:

@@ -1,15 +1,15 @@
 """OSAC's production backoff table, proven on a time-skipping dev server in seconds of wall time.
 
-The server skips a workflow's virtual clock whenever nothing is in flight, which is exactly the case
-while a failed worker sits out its backoff. (While an activity is pending the clock runs in real time,
-so the 30-minute agent-registration timeout itself is proven with short values in test_failures.py;
-here the default of the policy is checked.)
+The server skips a workflow's virtual clock whenever nothing is in flight (no activity pending):
+while a failed worker sits out its backoff, and while a worker waits for its Agent to register
+(durable timers; the watch that signals it early runs outside the workflow).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import HubActivity
-from contracts.hub import WaitAgentInput
+from contracts.hub import WatchAgentInput
 from contracts.worker import FailureReason, TimingPolicy, WorkerStatus
 from contracts.workflows import worker_workflow_id
 from tests.conftest import temporal_binary
@@ -104,25 +104,70 @@ async def test_no_hosts_backoff_follows_the_5_15_30_minute_table(stack: Stack) -
     assert await stack.bmis(order) == []
 
 
-async def test_the_30_minute_registration_deadline_reaches_the_wait(stack: Stack) -> None:
-    """The registration timeout is a deadline in the wait activity's input (computed from workflow
-    time), not a timer: the server does not skip time while that activity is pending, so the value
-    itself is checked here, in the history, and its expiry with short values in test_failures.py."""
+async def test_agent_registration_times_out_after_30_minutes(stack: Stack) -> None:
+    """The worker waits for its Agent on durable timers (the watch that would signal it runs outside
+    the workflow), so the server skips through OSAC's 30 minutes with nothing in flight."""
+    await stack.set_agent_faults({"never_register": {"rate": 1.0}})
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1})
-    await stack.wait_ready(order, 1)
     handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
-    history = await handle.fetch_history()
-    scheduled = [
-        e
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        and e.activity_task_scheduled_event_attributes.activity_type.name == HubActivity.WAIT_AGENT_FOR_MACS
+
+    async def second_attempt() -> WorkerStatus | None:
+        try:
+            status: WorkerStatus = await handle.query("status", result_type=WorkerStatus)
+        except RPCError:  # the cluster workflow has not started this worker yet
+            return None
+        return status if status.attempt_count >= 2 else None
+
+    try:
+        status = await eventually(second_attempt, "a retry after the registration timeout", timeout=120)
+    finally:
+        await stack.clear_agent_faults()
+    assert status.last_failure_reason == FailureReason.AGENT_REGISTRATION_TIMEOUT
+
+    # Event times are workflow (virtual) time on this server.
+    events = (await handle.fetch_history()).events
+
+    def scheduled(activity: HubActivity) -> list[Any]:
+        return [
+            e
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == activity
+        ]
+
+    def at(event: Any) -> datetime:
+        return cast(datetime, event.event_time.ToDatetime(tzinfo=UTC))
+
+    watches = scheduled(HubActivity.WATCH_AGENT_FOR_MACS)
+    inputs = [
+        WatchAgentInput.model_validate_json(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        for e in watches
     ]
-    assert len(scheduled) == 1
-    payload = scheduled[0].activity_task_scheduled_event_attributes.input.payloads[0]
-    wait = WaitAgentInput.model_validate_json(payload.data)
-    # Workflow time of the task that scheduled it is at most a task's latency before the event.
-    lead = wait.deadline - scheduled[0].event_time.ToDatetime(tzinfo=UTC)
-    assert timedelta(minutes=30) - timedelta(seconds=30) <= lead <= timedelta(minutes=30), lead
+    first = inputs[0]
+    # The deadline is set once, 30 minutes on, and every renewal of the attempt carries it.
+    assert timedelta(minutes=29, seconds=30) <= first.deadline - at(watches[0]) <= timedelta(minutes=30)
+    renewals = [w for w in inputs if w.bmi_id == first.bmi_id]
+    assert {r.deadline for r in renewals} == {first.deadline}
+    assert len(renewals) >= 6, renewals  # one every 5 minutes
+    # The attempt fails at the deadline, not before, and its host is released.
+    release = scheduled(HubActivity.RELEASE_AGENT)[0]
+    assert first.deadline <= at(release) <= first.deadline + timedelta(minutes=1)
+    # Then the first step of the registration-timeout table (less the release's few seconds).
+    fired = {
+        e.timer_fired_event_attributes.timer_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+    }
+    backoffs = [  # timers that fired: the wipe's "stuck" timer is cancelled once the host is gone
+        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and e.event_id > release.event_id
+        and e.timer_started_event_attributes.timer_id in fired
+    ]
+    assert timedelta(minutes=4) <= backoffs[0] <= timedelta(minutes=5), backoffs
+
+    await stack.wait_ready(order, 1, timeout=120)
     await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
