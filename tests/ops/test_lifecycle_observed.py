@@ -29,7 +29,7 @@ from worker.main import run_worker
 WORKER_ACTIVITIES = {
     "create_worker_instance",
     "wait_instance_running",
-    "wait_agent_for_macs",
+    "watch_agent_for_macs",
     "hand_agent_to_nodepool",
     "wait_agent_installed",
     "unbind_agent",
