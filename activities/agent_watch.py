@@ -35,9 +35,6 @@ class AgentWatches:
     def __init__(self) -> None:
         self._running: dict[str, tuple[str, asyncio.Task[None]]] = {}
 
-    def __len__(self) -> int:
-        return len(self._running)
-
     def watch(
         self, input: WatchAgentInput, client: Client, wait: Callable[[], Awaitable[AgentMatch]]
     ) -> None:

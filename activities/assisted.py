@@ -679,12 +679,8 @@ class AssistedActivities:
         The worker waits on a durable timer meanwhile, holding no activity slot and no heartbeat,
         and renews the watch now and then (a restarted process has lost it). Two matching Agents
         now: non-retryable AmbiguousAgentMatch, as in wait_agent_for_macs."""
-        fresh = await self._kube.list(
-            AGENTS, input.infraenv.namespace, label_selector=f"{INFRAENV_LABEL}={input.infraenv.name}"
-        )
-        match = _match_agent(input, fresh.items)
+        match = await self._fresh_match(input)
         if match is not None:
-            activity.logger.info("Agent %s/%s correlated by MAC", match.namespace, match.name)
             return AgentWatch(match=match)
         self._agent_watches.watch(input, activity.client(), lambda: self._await_agent(input))
         return AgentWatch()
@@ -711,9 +707,7 @@ class AssistedActivities:
                 )
             )
 
-        agent = await self._await_agent(input, on_tick, tick_seconds(self._heartbeat_every))
-        activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
-        return agent
+        return await self._await_agent(input, on_tick, tick_seconds(self._heartbeat_every))
 
     async def _await_agent(
         self, input: WaitAgentInput, on_tick: Callable[[], None] | None = None, tick: float = 10.0
@@ -742,11 +736,19 @@ class AssistedActivities:
                 ) from None
             # The cache may lag the hub: decide on a fresh list (one call per match, not per wait),
             # so an Agent registered just before is seen and an ambiguity is not missed.
-            fresh = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
-            agent = _match_agent(input, fresh.items)
+            agent = await self._fresh_match(input)
             if agent is not None:
                 return agent
             await asyncio.sleep(0.2)  # gone meanwhile: let the cache catch up rather than spin
+
+    async def _fresh_match(self, input: WaitAgentInput) -> AgentMatch | None:
+        """_match_agent on the InfraEnv's Agents read from the hub, not from the cache."""
+        ref = input.infraenv
+        fresh = await self._kube.list(AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}")
+        agent = _match_agent(input, fresh.items)
+        if agent is not None:
+            activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
+        return agent
 
     @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
     async def hand_agent_to_nodepool(self, input: HandAgentInput) -> HandAgentResult:

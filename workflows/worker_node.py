@@ -213,7 +213,6 @@ class WorkerNodeWorkflow:
                 wait=True,
             )
             progress.macs = list(running.macs)
-            progress.agent_deadline = workflow.now() + self._policy().agent_registration_timeout
             self._set_phase(WorkerPhase.WAITING_FOR_AGENT)
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
@@ -272,7 +271,7 @@ class WorkerNodeWorkflow:
         progress, slot = self._state()
         assert progress.bmi_id is not None
         policy = self._policy()
-        if progress.agent_deadline is None:
+        if progress.agent_deadline is None:  # first wait of this attempt (cleared with its BMI)
             progress.agent_deadline = workflow.now() + policy.agent_registration_timeout
         deadline = progress.agent_deadline
         self._agent_registered = None

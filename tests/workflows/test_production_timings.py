@@ -7,12 +7,14 @@ while a failed worker sits out its backoff, and while a worker waits for its Age
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -68,32 +70,13 @@ async def test_no_hosts_backoff_follows_the_5_15_30_minute_table(stack: Stack) -
     await stack.apply(order, {"bm-standard": 1})
     handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
 
-    async def fourth_attempt() -> WorkerStatus | None:
-        try:
-            status: WorkerStatus = await handle.query("status", result_type=WorkerStatus)
-        except RPCError:  # the cluster workflow has not started this worker yet
-            return None
-        return status if status.attempt_count >= 5 else None
-
     try:
-        status = await eventually(fourth_attempt, "five attempts with production backoffs", timeout=120)
+        status = await _attempt(handle, 5, "five attempts with production backoffs")
     finally:
         await stack.clear_bmaas_faults()
     assert status.last_failure_reason == FailureReason.NO_HOSTS_AVAILABLE
 
-    history = await handle.fetch_history()
-    fired = {
-        e.timer_fired_event_attributes.timer_id
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
-    }
-    # Backoffs are the timers that fired (a wipe's "stuck" timer is cancelled once the host is gone).
-    timers = [
-        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-        and e.timer_started_event_attributes.timer_id in fired
-    ]
+    timers = _fired_timers((await handle.fetch_history()).events)
     # Each backoff is the table's value less the (real, seconds-long) time the release took.
     expected = [timedelta(minutes=m) for m in (5, 15, 30, 30)]
     assert len(timers) >= 4
@@ -112,15 +95,8 @@ async def test_agent_registration_times_out_after_30_minutes(stack: Stack) -> No
     await stack.apply(order, {"bm-standard": 1})
     handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
 
-    async def second_attempt() -> WorkerStatus | None:
-        try:
-            status: WorkerStatus = await handle.query("status", result_type=WorkerStatus)
-        except RPCError:  # the cluster workflow has not started this worker yet
-            return None
-        return status if status.attempt_count >= 2 else None
-
     try:
-        status = await eventually(second_attempt, "a retry after the registration timeout", timeout=120)
+        status = await _attempt(handle, 2, "a retry after the registration timeout")
     finally:
         await stack.clear_agent_faults()
     assert status.last_failure_reason == FailureReason.AGENT_REGISTRATION_TIMEOUT
@@ -154,20 +130,39 @@ async def test_agent_registration_times_out_after_30_minutes(stack: Stack) -> No
     release = scheduled(HubActivity.RELEASE_AGENT)[0]
     assert first.deadline <= at(release) <= first.deadline + timedelta(minutes=1)
     # Then the first step of the registration-timeout table (less the release's few seconds).
-    fired = {
-        e.timer_fired_event_attributes.timer_id
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
-    }
-    backoffs = [  # timers that fired: the wipe's "stuck" timer is cancelled once the host is gone
-        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-        and e.event_id > release.event_id
-        and e.timer_started_event_attributes.timer_id in fired
-    ]
+    backoffs = _fired_timers(events, after=release.event_id)
     assert timedelta(minutes=4) <= backoffs[0] <= timedelta(minutes=5), backoffs
 
     await stack.wait_ready(order, 1, timeout=120)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def _attempt(handle: WorkflowHandle[Any, Any], attempt: int, what: str) -> WorkerStatus:
+    """The worker's status once it is at `attempt` or later."""
+
+    async def reached() -> WorkerStatus | None:
+        try:
+            status: WorkerStatus = await handle.query("status", result_type=WorkerStatus)
+        except RPCError:  # the cluster workflow has not started this worker yet
+            return None
+        return status if status.attempt_count >= attempt else None
+
+    return await eventually(reached, what, timeout=120)
+
+
+def _fired_timers(events: Sequence[HistoryEvent], after: int = 0) -> list[timedelta]:
+    """Durations of the timers started after event `after` that fired: backoffs and waits, not a
+    wipe's "stuck" timer, which is cancelled once the host is gone."""
+    fired = {
+        e.timer_fired_event_attributes.timer_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+    }
+    return [
+        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and e.event_id > after
+        and e.timer_started_event_attributes.timer_id in fired
+    ]
