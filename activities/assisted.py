@@ -61,6 +61,7 @@ from activities.kube import (
     labels_of,
     meta,
 )
+from activities.reporting import delivers_reports
 from contracts.activities import HubActivity
 from contracts.hub import (
     AGENT_INSTALL_FAILED_STATES,
@@ -672,6 +673,7 @@ class AssistedActivities:
     # -- Agents -----------------------------------------------------------------------------
 
     @activity.defn(name=HubActivity.WATCH_AGENT_FOR_MACS.value)
+    @delivers_reports
     async def watch_agent_for_macs(self, input: WatchAgentInput) -> AgentWatch:
         """The worker's Agent if it is registered already; otherwise start (or keep) a watch in this
         process that signals `agent_registered` to the worker once it is, and return at once.
@@ -751,6 +753,7 @@ class AssistedActivities:
         return agent
 
     @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
+    @delivers_reports
     async def hand_agent_to_nodepool(self, input: HandAgentInput) -> HandAgentResult:
         """Approve the Agent, role worker, hostname, the NodePool's selector labels and the slot
         label, then bring the NodePool's replicas up to date (level-based, see sync_replicas). The
@@ -891,6 +894,7 @@ class AssistedActivities:
         )
 
     @activity.defn(name=HubActivity.WAIT_AGENT_INSTALLED.value)
+    @delivers_reports
     async def wait_agent_installed(self, input: WaitAgentInstalledInput) -> AgentInstalled:
         """Until the provider claimed the Agent (agentMachineRef, Bound) and it is installed.
         `error` / `installing-pending-user-action` / gone / deadline: non-retryable AgentInstallFailed."""
@@ -993,6 +997,7 @@ class AssistedActivities:
         return unbound
 
     @activity.defn(name=HubActivity.UNBIND_AGENT.value)
+    @delivers_reports
     async def unbind_agent(self, input: UnbindAgentInput) -> ReleasedAgents:
         """Scale-down of one worker, each step idempotent: annotate its Machine so CAPI deletes that
         one, mark the Agent as leaving, bring the NodePool's replicas down, wait until the Agent is
@@ -1010,6 +1015,7 @@ class AssistedActivities:
         )
 
     @activity.defn(name=HubActivity.RELEASE_AGENT.value)
+    @delivers_reports
     async def release_agent(self, input: ReleaseAgentInput) -> ReleasedAgents:
         """Delete the worker's Agent (NotFound counts as success) and the host's stale registrations."""
         result = ReleasedAgents()

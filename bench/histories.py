@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -41,6 +42,22 @@ _CLOSED = {
 }
 
 
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def _local_activity(event: HistoryEvent) -> ActivityCall | None:
+    """A local activity's marker: run by the workflow's worker as soon as it is scheduled."""
+    attributes = event.marker_recorded_event_attributes
+    if attributes.marker_name != LOCAL_ACTIVITY_MARKER or "data" not in attributes.details:
+        return None
+    data = json.loads(attributes.details["data"].payloads[0].data)
+    scheduled = data.get("original_schedule_time") or {}
+    completed = data.get("complete_time") or {}
+    start = scheduled.get("seconds", 0) + scheduled.get("nanos", 0) / 1e9 or _seconds(event)
+    end = completed.get("seconds", 0) + completed.get("nanos", 0) / 1e9 or _seconds(event)
+    return ActivityCall(data["activity_type"], start, started=start, closed=max(start, end))
+
+
 def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[HistoryEvent]) -> RunHistory:
     run = RunHistory(workflow_id, run_id, workflow_type, len(events))
     by_scheduled: dict[int, ActivityCall] = {}
@@ -56,6 +73,10 @@ def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[Histo
             started = by_scheduled.get(event.activity_task_started_event_attributes.scheduled_event_id)
             if started is not None:
                 started.started = _seconds(event)
+        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            local = _local_activity(event)
+            if local is not None:
+                run.activities.append(local)
         elif event.event_type in _CLOSED:
             attributes = getattr(event, _CLOSED[event.event_type])
             closed = by_scheduled.get(attributes.scheduled_event_id)

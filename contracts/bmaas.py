@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from contracts.hub import normalize_mac
 from contracts.refs import DNS_LABEL, NetworkAttachmentRef, OrderRef
+from contracts.worker import CarriesReport
 
 # Labels and annotations that mark a BMI as created for a ClusterOrder (osac-reference.md §3).
 ORDER_LABEL = "osac.openshift.io/cluster-order"
@@ -95,7 +96,7 @@ NON_RETRYABLE_ERRORS: frozenset[BmaasErrorType] = frozenset(
 # create_worker_instance
 
 
-class CreateWorkerInstanceInput(BaseModel):
+class CreateWorkerInstanceInput(CarriesReport):
     """One worker slot of an order. The BMI name is derived, so a retry can only find the same BMI."""
 
     model_config = ConfigDict(frozen=True)
@@ -172,7 +173,7 @@ class DeleteInstanceResult(BaseModel):
     already_gone: bool
 
 
-class WaitInstanceGoneInput(BaseModel):
+class WaitInstanceGoneInput(CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     bmi_id: str = Field(min_length=1)
@@ -217,7 +218,7 @@ class BootImage(BaseModel):
     cluster_version_name: str | None = None
 
 
-class ListOrderInstancesInput(BaseModel):
+class ListOrderInstancesInput(CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     order: OrderRef
@@ -227,7 +228,7 @@ class OrderInstances(BaseModel):
     instances: list[WorkerInstance]
 
 
-class FindInstancesWithMacsInput(BaseModel):
+class FindInstancesWithMacsInput(CarriesReport):
     """MACs an Agent reports beyond its BMI's NICs: does another BMI's host own one of them?"""
 
     model_config = ConfigDict(frozen=True)

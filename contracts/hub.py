@@ -14,7 +14,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
-from contracts.worker import WorkerStatus
+from contracts.worker import CarriesReport, WorkerStatus
 
 # ---------------------------------------------------------------------------------------------
 # Names on the hub (osac-reference.md §3-§5)
@@ -394,7 +394,7 @@ class WaitAgentInput(BaseModel):
         return _aware(value)
 
 
-class WatchAgentInput(WaitAgentInput):
+class WatchAgentInput(WaitAgentInput, CarriesReport):
     """watch_agent_for_macs: the wait's terms, and which worker to tell about which BMI."""
 
     worker_workflow_id: str = Field(min_length=1)
@@ -416,7 +416,7 @@ class AgentMatchProgress(BaseModel):
     observed_via: str = "watch"
 
 
-class HandAgentInput(BaseModel):
+class HandAgentInput(CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     agent: AgentRef
@@ -450,7 +450,7 @@ class HandAgentResult(BaseModel):
     replicas: ReplicaSync | None = None
 
 
-class WaitAgentInstalledInput(BaseModel):
+class WaitAgentInstalledInput(CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     agent: AgentRef
@@ -523,7 +523,7 @@ class ReleaseStaleAgentsInput(BaseModel):
         return sorted({normalize_mac(mac) for mac in value})
 
 
-class UnbindAgentInput(BaseModel):
+class UnbindAgentInput(CarriesReport):
     """Take a worker's Agent out of its NodePool: Machine first, replicas down, wait until unbound,
     then delete it and the host's other unclaimed registrations (see ReleaseAgentInput)."""
 
@@ -537,7 +537,7 @@ class UnbindAgentInput(BaseModel):
     macs: list[str] = Field(default_factory=list)
 
 
-class ReleaseAgentInput(BaseModel):
+class ReleaseAgentInput(CarriesReport):
     """A worker gives its host back: delete its Agent (when it had one) and every unclaimed
     registration of the host's MACs (when known), so the wiped host leaves nothing behind."""
 

@@ -85,6 +85,42 @@ class WorkerStatus(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+class WorkerReport(BaseModel):
+    """A worker's status change for its cluster workflow: signalled by the worker workflow, or
+    delivered by the activity that starts (or ends) the phase, which keeps the signal out of the
+    worker's history."""
+
+    status: WorkerStatus
+    deleted: bool = False
+    # Reports come from the workflow and from its activities, so they can arrive out of order (a
+    # retried activity's zombie attempt, say); the cluster workflow keeps the highest. 0: unnumbered,
+    # from a worker started before reports were numbered, always taken.
+    sequence: int = Field(default=0, ge=0)
+
+
+class WorkerReports(BaseModel):
+    """Signal `worker_reports`: the reports a worker process delivered to one cluster workflow at once."""
+
+    reports: list[WorkerReport] = Field(min_length=1)
+
+
+class ReportDelivery(BaseModel):
+    """What an activity tells the cluster workflow for its worker: on start (the phase it begins) and
+    once it succeeded (the phase it ends in). The activity succeeds only after delivering."""
+
+    model_config = ConfigDict(frozen=True)
+
+    parent_workflow_id: str = Field(min_length=1)
+    on_start: WorkerReport | None = None
+    on_success: WorkerReport | None = None
+
+
+class CarriesReport(BaseModel):
+    """Base of the inputs of the worker's activities that can deliver its reports."""
+
+    report: ReportDelivery | None = None
+
+
 def _seconds(*values: float) -> list[timedelta]:
     return [timedelta(seconds=v) for v in values]
 

@@ -6,13 +6,20 @@ Everything here is non-secret: the pull secret, the ignition and tokens stay ins
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 from pydantic import BaseModel, Field
 
 from contracts.hub import AgentMatch, Condition, OrderFacts
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
-from contracts.worker import FailureReason, TimingPolicy, WorkerPhase, WorkerStatus
+from contracts.worker import (  # noqa: F401  (WorkerReport(s): the signals' payloads, re-exported)
+    FailureReason,
+    TimingPolicy,
+    WorkerPhase,
+    WorkerReport,
+    WorkerReports,
+    WorkerStatus,
+)
 
 WORKFLOW_TASK_QUEUE = "osac-workers"
 BMAAS_TASK_QUEUE = "osac-workers-bmaas"
@@ -108,6 +115,21 @@ class WorkerProgress(BaseModel):
     scale_down_requested: bool = False
     # The registration deadline of the current attempt, set when it starts waiting for its Agent.
     agent_deadline: datetime | None = None
+    report_sequence: int = 0  # of the latest status change; see WorkerReport.sequence
+
+
+class WorkerRevision(IntEnum):
+    """What a WorkerNodeWorkflow does, fixed when it starts and carried by continue-as-new: a worker
+    started by an earlier release keeps replaying the way it ran, at no history cost."""
+
+    # Every status change a signal of the worker workflow; every activity a remote one.
+    SIGNALLED_REPORTS = 1
+    # Status changes delivered by the activities that start or end a phase; the short hub calls
+    # (the Agent lookup, the hand-off) run as local activities.
+    ACTIVITY_REPORTS = 2
+
+
+CURRENT_WORKER_REVISION = WorkerRevision.ACTIVITY_REPORTS
 
 
 class WorkerNodeInput(BaseModel):
@@ -116,6 +138,8 @@ class WorkerNodeInput(BaseModel):
     bmaas_task_queue: str = BMAAS_TASK_QUEUE
     parent_workflow_id: str | None = None
     progress: WorkerProgress | None = None  # set only by continue-as-new
+    # Absent in the inputs of workers started before revisions existed, which ran as the first.
+    revision: WorkerRevision = WorkerRevision.SIGNALLED_REPORTS
 
 
 class WorkerOutcome(StrEnum):
@@ -139,13 +163,6 @@ class AgentRegistered(BaseModel):
     failure_message: str | None = None
 
 
-class WorkerReport(BaseModel):
-    """A child's status change, signalled to its cluster workflow."""
-
-    status: WorkerStatus
-    deleted: bool = False
-
-
 class ClusterWorkersInput(BaseModel):
     order: OrderRef
     node_sets: list[NodeSetRequest] = Field(default_factory=list)
@@ -163,6 +180,7 @@ class SlotRecord(BaseModel):
     scale_down_sent: bool = False
     named_for_removal: bool = False
     deleted: bool = False
+    report_sequence: int = 0  # the highest WorkerReport.sequence taken
 
 
 class ClusterWorkersCarried(BaseModel):

@@ -29,6 +29,7 @@ from activities.bmaas.errors import BmaasApiError
 from activities.bmaas.watcher import BmiWatcher
 from activities.hub import HubActivities
 from activities.kube import HubKube
+from activities.reporting import use_batch_window
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.bmaas import BmaasErrorType
 from worker.health import serve_health
@@ -190,6 +191,7 @@ async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) ->
     async with open_backends(settings) as backends:
         check_registered_activities(backends)
         await check_credentials(backends, settings)
+        use_batch_window(client, settings.report_batch_window_seconds)
         workers = build_workers(client, settings, backends)
         started = asyncio.Event()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from activities.reporting import DEFAULT_BATCH_WINDOW_S
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
 
 
@@ -45,6 +46,9 @@ class Settings(BaseSettings):
     # cache far smaller than the workers held bounds memory; an evicted worker replays its short
     # history when its next event comes (see bench/README.md for the figures).
     max_cached_workflows: int = Field(default=250, ge=0)
+    # How long a worker report waits for others to the same cluster workflow, so a burst of phase
+    # changes reaches it in a few signals (each wakes it: history events). 0: send at once.
+    report_batch_window_seconds: float = Field(default=DEFAULT_BATCH_WINDOW_S, ge=0, le=5)
     graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
     # The worker and the controller keep trying to reach Temporal this long at start (0: once).
     temporal_connect_seconds: float = Field(default=120.0, ge=0)

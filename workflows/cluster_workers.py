@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.refs import ClusterReference
     from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
     from contracts.workflows import (
+        CURRENT_WORKER_REVISION,
         ClusterWorkersCarried,
         ClusterWorkersInput,
         ClusterWorkersStatus,
@@ -46,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         SlotRecord,
         WorkerNodeInput,
         WorkerReport,
+        WorkerReports,
         WorkerSlotSpec,
         cluster_workflow_id,
         is_current,
@@ -166,13 +168,27 @@ class ClusterWorkersWorkflow:
 
     @workflow.signal
     def worker_report(self, report: WorkerReport) -> None:
+        """From a worker workflow itself (a failure, a wait, its end)."""
+        if self._take_report(report):
+            self._touch()
+
+    @workflow.signal
+    def worker_reports(self, batch: WorkerReports) -> None:
+        """From the worker process's activities, which start or end their workers' phases."""
+        if any([self._take_report(report) for report in batch.reports]):
+            self._touch()
+
+    def _take_report(self, report: WorkerReport) -> bool:
         slot = self._slots.get(report.status.name)
         if slot is None:
-            return
+            return False
+        if report.sequence and report.sequence <= slot.report_sequence:
+            return False  # a late copy (a retried activity) of a report already superseded
+        slot.report_sequence = max(slot.report_sequence, report.sequence)
         self._events.extend(self._events_for(slot.status, report))
         slot.status = report.status
         slot.deleted = slot.deleted or report.deleted
-        self._touch()
+        return True
 
     @workflow.query
     def status(self) -> ClusterWorkersStatus:
@@ -387,6 +403,7 @@ class ClusterWorkersWorkflow:
                 policy=self._input.policy,
                 bmaas_task_queue=self._input.bmaas_task_queue,
                 parent_workflow_id=cluster_workflow_id(order),
+                revision=CURRENT_WORKER_REVISION,
             ),
             id=self._child_id(slot),
             # Children outlive a continue-as-new of this workflow; they talk to it by workflow id.

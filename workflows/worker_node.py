@@ -42,7 +42,14 @@ with workflow.unsafe.imports_passed_through():
         WaitAgentInstalledInput,
         WatchAgentInput,
     )
-    from contracts.worker import TENANT_MESSAGES, FailureReason, WorkerPhase, WorkerStatus
+    from contracts.worker import (
+        TENANT_MESSAGES,
+        CarriesReport,
+        FailureReason,
+        ReportDelivery,
+        WorkerPhase,
+        WorkerStatus,
+    )
     from contracts.workflows import (
         AgentRegistered,
         WorkerNodeInput,
@@ -50,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerOutcome,
         WorkerProgress,
         WorkerReport,
+        WorkerRevision,
     )
     from workflows.activity_calls import call_activity
     from workflows.metrics import record_correlation_duration, record_provisioning_duration
@@ -76,9 +84,10 @@ class AttemptFailed(Exception):
         self.detail = detail
 
 
-def _failure_of(err: ActivityError) -> AttemptFailed:
-    """Map a non-retryable activity error to the OSAC failure reason it stands for."""
-    cause = err.cause
+def _failure_of(err: ActivityError | ApplicationError) -> AttemptFailed:
+    """Map a non-retryable activity error to the OSAC failure reason it stands for. A local
+    activity's failure arrives as the activity's own ApplicationError, a remote one's as its cause."""
+    cause = err.cause if isinstance(err, ActivityError) else err
     if isinstance(cause, ApplicationError) and cause.type in FAILURE_TYPES:
         return AttemptFailed(FAILURE_TYPES[cause.type], cause.message)
     if isinstance(cause, ApplicationError) and (cause.type or "").startswith("Bmaas"):
@@ -94,6 +103,12 @@ class WorkerNodeWorkflow:
         self._progress: WorkerProgress | None = None
         self._input: WorkerNodeInput | None = None
         self._agent_registered: AgentRegistered | None = None
+        self._reports_by_activities = False
+        # The latest status change not yet handed to an activity or signalled.
+        self._unsent: WorkerReport | None = None
+        # The `deleted` report the last wipe wait delivers on success, so the end need not repeat it.
+        self._deleted_delivered: WorkerReport | None = None
+        self._tearing_down = False
 
     # ----------------------------------------------------------------------------------- API
 
@@ -125,6 +140,7 @@ class WorkerNodeWorkflow:
     @workflow.run
     async def run(self, inp: WorkerNodeInput) -> WorkerNodeResult:
         self._input = inp
+        self._reports_by_activities = inp.revision >= WorkerRevision.ACTIVITY_REPORTS
         slot = inp.slot
         self._progress = inp.progress or WorkerProgress(
             status=WorkerStatus(node_set=slot.node_set, name=slot.name)
@@ -149,6 +165,7 @@ class WorkerNodeWorkflow:
 
         while not self._scale_down:
             if self._progress.status.phase == WorkerPhase.READY:
+                await self._flush_reports()
                 await workflow.wait_condition(
                     lambda: self._scale_down or workflow.info().is_continue_as_new_suggested()
                 )
@@ -167,7 +184,7 @@ class WorkerNodeWorkflow:
             await self._attempt_until_ready_or_scale_down()
 
         await self._teardown()
-        await self._report(deleted=True)
+        await self._report_change(deleted=True)
         return WorkerNodeResult(
             name=slot.name, outcome=WorkerOutcome.DELETED, attempts=self._progress.status.attempt_count
         )
@@ -246,8 +263,10 @@ class WorkerNodeWorkflow:
                 ),
                 None,
                 summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",
+                local=self._reports_by_activities,
             )
             progress.agent_handed = True
+            ready = self._next_report(phase=WorkerPhase.READY)
             await self._hub(
                 HubActivity.WAIT_AGENT_INSTALLED,
                 WaitAgentInstalledInput(
@@ -256,13 +275,14 @@ class WorkerNodeWorkflow:
                 None,
                 summary=f"Wait until {slot.name} is claimed, installed and joined",
                 wait=True,
+                report_on_success=ready,
             )
             progress.failures_in_a_row = 0
             progress.ready_since = workflow.now()
             if progress.provisioning_since is not None:
                 record_provisioning_duration(slot.order, workflow.now() - progress.provisioning_since)
                 progress.provisioning_since = None
-            self._set_phase(WorkerPhase.READY)
+            self._set_phase(WorkerPhase.READY, delivered=ready)
 
     async def _await_agent(self) -> AgentMatch:
         """Wait for the host's Agent on a durable timer (the policy's registration deadline), told
@@ -288,6 +308,7 @@ class WorkerNodeWorkflow:
                 ),
                 AgentWatch,
                 summary=f"Look for the discovery agent of {slot.name}, watch until it registers",
+                local=self._reports_by_activities,
             )
             if watch.match is not None:
                 return watch.match
@@ -332,7 +353,7 @@ class WorkerNodeWorkflow:
         await self._release_until_done()
         backoff = self._policy().backoff(failure.reason, progress.failures_in_a_row)
         progress.status.next_retry_time = workflow.now() + backoff
-        await self._report()
+        await self._report_change()
 
     async def _wait_backoff(self) -> None:
         progress, _ = self._state()
@@ -349,6 +370,7 @@ class WorkerNodeWorkflow:
     async def _teardown(self) -> None:
         """Scale-down from any phase: nothing may be left behind."""
         progress, _ = self._state()
+        self._tearing_down = True
         self._set_phase(WorkerPhase.UNBINDING if progress.agent_name else WorkerPhase.DELETING)
         await self._release_until_done()
 
@@ -366,7 +388,7 @@ class WorkerNodeWorkflow:
                 workflow.set_current_details(f"Release failed, retrying: {failure}")
                 if progress.status.phase != WorkerPhase.FAILED:
                     self._record_failure(failure)
-                    await self._report()
+                    await self._report_change()
                 await workflow.sleep(self._policy().backoff(FailureReason.INTERNAL_ERROR, failures))
 
     async def _release_resources(self) -> None:
@@ -397,17 +419,19 @@ class WorkerNodeWorkflow:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot()
         for bmi_id in bmi_ids:
-            await self._wait_gone(bmi_id)
+            await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
         progress.bmi_id = None
         progress.macs = []
         progress.agent_deadline = None
         progress.status.resource_id = None
 
-    async def _wait_gone(self, bmi_id: str) -> None:
+    async def _wait_gone(self, bmi_id: str, last_of_slot: bool) -> None:
         """Block until BMaaS confirms the host is wiped and released. A wipe that takes too long is
-        made visible (reason HostWipeStuck, phase unchanged) but is never taken for done."""
+        made visible (reason HostWipeStuck, phase unchanged) but is never taken for done. The last
+        wipe of a teardown tells the cluster workflow the worker is gone."""
         _progress, slot = self._state()
         stuck_after = self._policy().wipe_stuck_after
+        deleted = self._next_report(deleted=True, resource_id=None) if last_of_slot else None
         gone = asyncio.ensure_future(
             self._bmaas(
                 BmaasActivity.WAIT_INSTANCE_GONE,
@@ -417,6 +441,7 @@ class WorkerNodeWorkflow:
                 InstanceGone,
                 summary=f"Delete BMI {slot.name} ({bmi_id}) and wait until its host is wiped and released",
                 wait=True,
+                report_on_success=deleted,
             )
         )
         try:
@@ -424,11 +449,12 @@ class WorkerNodeWorkflow:
         except TimeoutError:
             self._record_failure(AttemptFailed(FailureReason.HOST_WIPE_STUCK, f"BMI {bmi_id} still deleting"))
             workflow.set_current_details(f"Wipe of BMI {bmi_id} is taking longer than {stuck_after}")
-            await self._report()
+            await self._report_change()
         except asyncio.CancelledError:
             gone.cancel()
             raise
         await gone
+        self._deleted_delivered = deleted
 
     def _record_failure(self, failure: AttemptFailed) -> None:
         progress, _ = self._state()
@@ -460,7 +486,7 @@ class WorkerNodeWorkflow:
                     raise
                 # Stay in Unbinding with the reason visible, and keep waiting.
                 self._record_failure(failure)
-                await self._report()
+                await self._report_change()
 
     async def _bmis_of_slot(self) -> list[str]:
         """The BMIs to release: the known one, or any a cancelled create may have left behind."""
@@ -496,15 +522,18 @@ class WorkerNodeWorkflow:
             namespace=slot.cluster_namespace, name=slot.nodepool_name, agent_namespace=slot.order.namespace
         )
 
-    def _set_phase(self, phase: WorkerPhase) -> None:
+    def _set_phase(self, phase: WorkerPhase, delivered: WorkerReport | None = None) -> None:
         progress, _ = self._state()
         if progress.status.phase == phase:
             return
         progress.status.phase = phase
         self._publish_phase(phase)
         workflow.set_current_details(f"{phase.value} (attempt {progress.status.attempt_count})")
-        # Not awaited: the parent coalesces reports, and signals from one sender keep their order.
-        self._pending_reports.append(asyncio.ensure_future(self._report()))
+        if self._reports_by_activities:
+            self._status_changed(delivered=delivered)
+        else:
+            # Not awaited: the parent coalesces reports, and signals from one sender keep their order.
+            self._pending_reports.append(asyncio.ensure_future(self._report()))
 
     def _publish_phase(self, phase: WorkerPhase) -> None:
         """One upsert per phase change, carrying the attempt and (once known) the BMI with it."""
@@ -517,22 +546,74 @@ class WorkerNodeWorkflow:
             updates.append(OSAC_BARE_METAL_INSTANCE.value_set(progress.bmi_id))
         workflow.upsert_search_attributes(updates)
 
+    # --------------------------------------------------------------------------- reporting
+    # A status change is numbered and handed to the next activity that carries reports (its first
+    # step delivers it to the cluster workflow), which keeps five events per report out of this
+    # history. Where no activity follows (waiting Ready, a failure's backoff, the end) it is signalled.
+
+    def _next_report(self, deleted: bool = False, **status: Any) -> WorkerReport:
+        """The report the next status change will make, with `status` fields changed."""
+        progress, _ = self._state()
+        return WorkerReport(
+            status=progress.status.model_copy(update=status, deep=True),
+            deleted=deleted,
+            sequence=progress.report_sequence + 1,
+        )
+
+    def _status_changed(self, deleted: bool = False, delivered: WorkerReport | None = None) -> None:
+        """Number the current status; `delivered`: an activity delivered this very report already."""
+        progress, _ = self._state()
+        if self._unsent is not None:
+            # No activity took it (cancelled, or none came): send it still, for its Event.
+            self._pending_reports.append(asyncio.ensure_future(self._send_report(self._unsent)))
+        report = self._next_report(deleted=deleted)
+        progress.report_sequence = report.sequence
+        self._unsent = None if report == delivered else report
+
+    async def _report_change(self, deleted: bool = False) -> None:
+        """Report the current status now and wait until it is sent."""
+        if not self._reports_by_activities:
+            await self._report(deleted=deleted)
+            return
+        self._status_changed(deleted=deleted, delivered=self._deleted_delivered if deleted else None)
+        await self._flush_reports()
+
+    async def _flush_reports(self) -> None:
+        if self._unsent is not None:
+            report, self._unsent = self._unsent, None
+            self._pending_reports.append(asyncio.ensure_future(self._send_report(report)))
+        await asyncio.gather(*self._pending_reports)
+        self._pending_reports.clear()
+
+    def _report_delivery(self, arg: Any, on_success: WorkerReport | None) -> ReportDelivery | None:
+        assert self._input is not None
+        parent = self._input.parent_workflow_id
+        if not isinstance(arg, CarriesReport) or parent is None:
+            return None
+        if self._unsent is None and on_success is None:
+            return None
+        return ReportDelivery(parent_workflow_id=parent, on_start=self._unsent, on_success=on_success)
+
     async def _report(self, deleted: bool = False) -> None:
-        assert self._input is not None and self._progress is not None
+        """WorkerRevision.SIGNALLED_REPORTS: every report a signal of its own, unnumbered."""
+        assert self._progress is not None
+        await self._send_report(
+            WorkerReport(status=self._progress.status.model_copy(deep=True), deleted=deleted)
+        )
+
+    async def _send_report(self, report: WorkerReport) -> None:
+        assert self._input is not None
         if self._input.parent_workflow_id is None:
             return
         parent = workflow.get_external_workflow_handle(self._input.parent_workflow_id)
         try:
-            await parent.signal(
-                "worker_report",
-                WorkerReport(status=self._progress.status.model_copy(deep=True), deleted=deleted),
-            )
+            await parent.signal("worker_report", report)
         except ApplicationError as err:
             # A parent that is gone cannot be told; the worker's own status query still answers.
             workflow.logger.warning("could not report to the cluster workflow: %s", err)
 
     async def _continue_as_new(self) -> None:
-        await asyncio.gather(*self._pending_reports)
+        await self._flush_reports()
         await workflow.wait_condition(workflow.all_handlers_finished)
         assert self._input is not None and self._progress is not None
         workflow.continue_as_new(self._input.model_copy(update={"progress": self._progress}))
@@ -545,10 +626,17 @@ class WorkerNodeWorkflow:
         *,
         summary: str,
         wait: bool = False,
+        report_on_success: WorkerReport | None = None,
     ) -> T:
         assert self._input is not None
         return await self._call(
-            name.value, arg, result_type, summary=summary, wait=wait, task_queue=self._input.bmaas_task_queue
+            name.value,
+            arg,
+            result_type,
+            summary=summary,
+            wait=wait,
+            task_queue=self._input.bmaas_task_queue,
+            report_on_success=report_on_success,
         )
 
     async def _hub(
@@ -559,8 +647,19 @@ class WorkerNodeWorkflow:
         *,
         summary: str,
         wait: bool = False,
+        report_on_success: WorkerReport | None = None,
+        local: bool = False,
     ) -> T:
-        return await self._call(name.value, arg, result_type, summary=summary, wait=wait, task_queue=None)
+        return await self._call(
+            name.value,
+            arg,
+            result_type,
+            summary=summary,
+            wait=wait,
+            task_queue=None,
+            report_on_success=report_on_success,
+            local=local,
+        )
 
     def _deadline(self, limit: timedelta) -> datetime:
         """An absolute deadline for a wait activity: durable in its input, so a retried or
@@ -576,14 +675,25 @@ class WorkerNodeWorkflow:
         summary: str,
         wait: bool,
         task_queue: str | None,
+        report_on_success: WorkerReport | None,
+        local: bool = False,
     ) -> T:
+        delivery = self._report_delivery(arg, report_on_success)
+        if delivery is not None:
+            arg = arg.model_copy(update={"report": delivery})
         try:
             result: T = await call_activity(
-                name, arg, result_type, summary=summary, wait=wait, task_queue=task_queue
+                name, arg, result_type, summary=summary, wait=wait, task_queue=task_queue, local=local
             )
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.
                 raise asyncio.CancelledError() from err
             raise _failure_of(err) from err
+        except ApplicationError as err:
+            if not local:
+                raise
+            raise _failure_of(err) from err
+        if delivery is not None and delivery.on_start is not None and self._unsent is delivery.on_start:
+            self._unsent = None
         return result

@@ -20,6 +20,7 @@ from activities.bmaas.client import CLUSTER_VERSIONS, DISK_IMAGES, INSTANCE_TYPE
 from activities.bmaas.errors import BmaasApiError, redact
 from activities.bmaas.snapshot import BmiSnapshot
 from activities.bmaas.watcher import GONE, LIST_FILTER, BmiWatcher, Observed
+from activities.reporting import delivers_reports
 from contracts.bmaas import (
     CAAS_CATALOG_ITEM,
     ORDER_LABEL,
@@ -115,6 +116,7 @@ class BmaasActivities:
     # -- create --------------------------------------------------------------------------------
 
     @activity.defn
+    @delivers_reports
     async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
         """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created.
         Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound)."""
@@ -279,6 +281,7 @@ class BmaasActivities:
         return DeleteInstanceResult(bmi_id=req.bmi_id, already_gone=False)
 
     @activity.defn
+    @delivers_reports
     async def wait_instance_gone(self, req: WaitInstanceGoneInput) -> InstanceGone:
         """Heartbeating wait until BMaaS confirms the BMI is gone (its wipe finished).
 
@@ -372,6 +375,7 @@ class BmaasActivities:
     # -- listing -------------------------------------------------------------------------------
 
     @activity.defn
+    @delivers_reports
     async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
         """Every BMI of an order (any state, DELETING included), sorted by name."""
         items = await self.client.list_instances(order_filter(req.order.name))
@@ -382,6 +386,7 @@ class BmaasActivities:
         return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
 
     @activity.defn
+    @delivers_reports
     async def find_instances_with_macs(self, req: FindInstancesWithMacsInput) -> InstancesWithMacs:
         """The CaaS BMIs, of any order, other than `exclude_bmi_id` whose NICs carry one of the MACs.
 

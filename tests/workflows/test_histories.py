@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
 from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack
 from workflows.cluster_workers import ClusterWorkersWorkflow
@@ -99,6 +100,50 @@ async def test_workers_hear_of_their_agent_by_signal(
         assert "agent_registered" in signals, (history.workflow_id, signals)
 
 
+def _signals(history: WorkflowHistory, name: str) -> list[bytes]:
+    return [
+        e.workflow_execution_signaled_event_attributes.input.payloads[0].data
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == name
+    ]
+
+
+async def test_workers_report_through_their_activities(
+    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
+) -> None:
+    """A worker's history holds none of its status reports: the activities that start and end its
+    phases deliver them, numbered, and the cluster workflow hears every phase of every worker."""
+    _, histories, _ = lifecycle
+    workers = [h for h in histories if h.workflow_id.startswith("worker/")]
+    for history in workers:
+        sent = [
+            e
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+        ]
+        assert sent == [], history.workflow_id
+    cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
+    assert _signals(cluster, "worker_report") == []
+    heard: dict[str, list[WorkerReport]] = {}
+    for payload in _signals(cluster, "worker_reports"):
+        for report in WorkerReports.model_validate_json(payload).reports:
+            heard.setdefault(report.status.name, []).append(report)
+    assert len(heard) == 2
+    for name, reports in heard.items():
+        phases = [r.status.phase for r in reports]
+        assert phases == [
+            WorkerPhase.WAITING_FOR_AGENT,
+            WorkerPhase.BINDING,
+            WorkerPhase.READY,
+            WorkerPhase.UNBINDING,
+            WorkerPhase.DELETING,
+            WorkerPhase.DELETING,
+        ], (name, phases)
+        assert [r.deleted for r in reports] == [False] * 5 + [True]
+        assert [r.sequence for r in reports] == list(range(1, 7)), name
+
+
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
     _, histories, _ = lifecycle
     replayer = Replayer(
@@ -114,9 +159,16 @@ async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[Workflow
 
 
 def _recorded() -> list[WorkflowHistory]:
-    files = sorted(HISTORIES.glob("*.json"))
-    assert {f.stem for f in files} == {"cluster-workers", "worker"}, "recorded histories are missing"
-    return [WorkflowHistory.from_json(f"recorded/{f.stem}", f.read_text()) for f in files]
+    """The current code's histories, and those of workers started by earlier releases (revision-1:
+    WorkerRevision.SIGNALLED_REPORTS), which workers still running at an upgrade have."""
+    files = sorted(HISTORIES.glob("**/*.json"))
+    names = {str(f.relative_to(HISTORIES).with_suffix("")) for f in files}
+    expected = {f"{prefix}{kind}" for prefix in ("", "revision-1/") for kind in ("cluster-workers", "worker")}
+    assert names == expected, "recorded histories are missing"
+    return [
+        WorkflowHistory.from_json(f"recorded/{f.relative_to(HISTORIES).with_suffix('')}", f.read_text())
+        for f in files
+    ]
 
 
 async def test_recorded_histories_replay_clean() -> None:
@@ -128,7 +180,7 @@ async def test_recorded_histories_replay_clean() -> None:
 
 
 async def test_changed_workflow_fails_replay() -> None:
-    worker_history = next(h for h in _recorded() if h.workflow_id.endswith("worker"))
+    worker_history = next(h for h in _recorded() if h.workflow_id == "recorded/worker")
     replayer = Replayer(workflows=[ReorderedWorkerNodeWorkflow], data_converter=pydantic_data_converter)
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(worker_history)

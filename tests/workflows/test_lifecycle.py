@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from contracts.worker import WorkerPhase
+from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
+from contracts.workflows import cluster_workflow_id
 from tests.workflows.stack import Stack, eventually, running_stack
 
 
@@ -105,4 +106,22 @@ async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(st
     await stack.decommission_and_wait(order)
     with pytest.raises(CommandError, match=f"decommission: order {order.key} is already decommissioned"):
         await stack.api.decommission(order)
+    assert await stack.bmis(order) == []
+
+
+async def test_a_late_copy_of_a_report_never_undoes_a_newer_one(stack: Stack) -> None:
+    """Reports come from the worker workflow and from its activities (a retried activity's zombie
+    attempt among them): the cluster workflow keeps the highest-numbered one."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    ready = (await stack.wait_ready(order, 1)).workers[0]
+    assert ready.phase == WorkerPhase.READY
+    handle = stack.client.get_workflow_handle(cluster_workflow_id(order))
+    stale = WorkerReport(status=ready.model_copy(update={"phase": WorkerPhase.BINDING}), sequence=2)
+    await handle.signal("worker_reports", WorkerReports(reports=[stale]))
+    await handle.signal("worker_report", stale)
+    # Handled in the order sent: the status an update returns afterwards has seen both signals.
+    status = await stack.apply(order, {"bm-standard": 1})
+    assert [w.phase for w in status.workers] == [WorkerPhase.READY]
+    await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []

@@ -7,6 +7,7 @@ while a failed worker sits out its backoff, and while a worker waits for its Age
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -19,7 +20,6 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import HubActivity
-from contracts.hub import WatchAgentInput
 from contracts.worker import FailureReason, TimingPolicy, WorkerStatus
 from contracts.workflows import worker_workflow_id
 from tests.conftest import temporal_binary
@@ -115,20 +115,31 @@ async def test_agent_registration_times_out_after_30_minutes(stack: Stack) -> No
     def at(event: Any) -> datetime:
         return cast(datetime, event.event_time.ToDatetime(tzinfo=UTC))
 
-    watches = scheduled(HubActivity.WATCH_AGENT_FOR_MACS)
-    inputs = [
-        WatchAgentInput.model_validate_json(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
-        for e in watches
-    ]
-    first = inputs[0]
-    # The deadline is set once, 30 minutes on, and every renewal of the attempt carries it.
-    assert timedelta(minutes=29, seconds=30) <= first.deadline - at(watches[0]) <= timedelta(minutes=30)
-    renewals = [w for w in inputs if w.bmi_id == first.bmi_id]
-    assert {r.deadline for r in renewals} == {first.deadline}
-    assert len(renewals) >= 6, renewals  # one every 5 minutes
-    # The attempt fails at the deadline, not before, and its host is released.
     release = scheduled(HubActivity.RELEASE_AGENT)[0]
-    assert first.deadline <= at(release) <= first.deadline + timedelta(minutes=1)
+    # The Agent lookups of the first attempt (local activities): one when the wait began, then a
+    # renewal of the watch every 5 minutes until the last 5 minutes, which end at the deadline.
+    watches = [
+        e
+        for e in _local_activities(events, HubActivity.WATCH_AGENT_FOR_MACS)
+        if e.event_id < release.event_id
+    ]
+    assert len(watches) >= 6, [at(w) for w in watches]
+    wait_began = at(watches[0])
+    # One timer ends the wait, set when it began and not moved by the renewals: 30 minutes on.
+    deadlines = [
+        e
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and e.event_id < release.event_id
+        and json.loads(e.user_metadata.summary.data).startswith("Registration deadline")
+    ]
+    assert len(deadlines) == 1, deadlines
+    deadline = (
+        at(deadlines[0]) + deadlines[0].timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+    )
+    assert timedelta(minutes=29, seconds=30) <= deadline - wait_began <= timedelta(minutes=30)
+    # The attempt fails at the deadline, not before, and its host is released.
+    assert deadline <= at(release) <= deadline + timedelta(minutes=1)
     # Then the first step of the registration-timeout table (less the release's few seconds).
     backoffs = _fired_timers(events, after=release.event_id)
     assert timedelta(minutes=4) <= backoffs[0] <= timedelta(minutes=5), backoffs
@@ -149,6 +160,18 @@ async def _attempt(handle: WorkflowHandle[Any, Any], attempt: int, what: str) ->
         return status if status.attempt_count >= attempt else None
 
     return await eventually(reached, what, timeout=120)
+
+
+def _local_activities(events: Sequence[HistoryEvent], activity: str) -> list[HistoryEvent]:
+    """The markers that record the local activity `activity` (the SDK's marker: its data names the type)."""
+    return [
+        e
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+        and json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
+        == activity
+    ]
 
 
 def _fired_timers(events: Sequence[HistoryEvent], after: int = 0) -> list[timedelta]:
