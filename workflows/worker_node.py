@@ -588,7 +588,7 @@ class WorkerNodeWorkflow:
     def _report_delivery(self, arg: Any, on_success: WorkerReport | None) -> ReportDelivery | None:
         assert self._input is not None
         parent = self._input.parent_workflow_id
-        if not isinstance(arg, CarriesReport) or parent is None:
+        if not self._reports_by_activities or not isinstance(arg, CarriesReport) or parent is None:
             return None
         if self._unsent is None and on_success is None:
             return None
