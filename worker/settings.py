@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     # Workflows kept in memory between tasks. Ready workers wait for days without a task, so a
     # cache far smaller than the workers held bounds memory; an evicted worker replays its short
     # history when its next event comes (see bench/README.md for the figures).
-    max_cached_workflows: int = Field(default=250, ge=0)
+    max_cached_workflows: int = Field(default=100, ge=0)
     # How long a worker report waits for others to the same cluster workflow, so a burst of phase
     # changes reaches it in a few signals (each wakes it: history events). 0: send at once.
     report_batch_window_seconds: float = Field(default=DEFAULT_BATCH_WINDOW_S, ge=0, le=5)
