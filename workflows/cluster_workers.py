@@ -65,10 +65,6 @@ class CommandRejected(ValueError):
     """A command that is invalid as a whole; its message names the field and the reason."""
 
 
-# The status write leads instead of trailing its coalescing timer (see _publish_loop).
-PUBLISH_AT_ONCE = "publish-status-at-once"
-
-
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
     """Lower goes first: named, then Failed, then not yet Ready (newest first), then Ready (newest)."""
     if slot.named_for_removal:
@@ -498,15 +494,11 @@ class ClusterWorkersWorkflow:
         return []
 
     async def _publish_loop(self) -> None:
-        """Coalesce status changes into few ClusterOrder writes: a change is written at once, and
-        what changes in the `status_coalesce` after a write goes in one write when it ends. Always
-        the same timer, never a branch on elapsed workflow time, which replay after a worker crash
-        did not reproduce. Runs started before PUBLISH_AT_ONCE waited the timer before each write."""
-        at_once = workflow.patched(PUBLISH_AT_ONCE)
+        """Coalesce status changes into few ClusterOrder writes. Always the same timer, never a
+        branch on elapsed workflow time, which replay after a worker crash did not reproduce."""
         while True:
             await workflow.wait_condition(lambda: self._status_generation > self._published_generation)
-            if not at_once:
-                await workflow.sleep(self._input.policy.status_coalesce)
+            await workflow.sleep(self._input.policy.status_coalesce)
             generation = self._status_generation
             status = self.status()
             failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)
@@ -521,8 +513,6 @@ class ClusterWorkersWorkflow:
                 await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
                 continue
             self._published_generation = generation
-            if at_once:
-                await workflow.sleep(self._input.policy.status_coalesce)
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
         await self._hub(

@@ -144,32 +144,6 @@ async def test_workers_report_through_their_activities(
         assert [r.sequence for r in reports] == list(range(1, 7)), name
 
 
-async def test_a_status_change_is_written_at_once_and_the_next_ones_coalesced(
-    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
-) -> None:
-    """The cluster workflow writes the order status as soon as it changes, then waits
-    `status_coalesce` before the next write, so a burst of changes costs one more write, not one
-    each."""
-    stack, histories, _ = lifecycle
-    cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
-    coalesce = stack.api.policy.status_coalesce
-    steps: list[str] = []
-    for e in cluster.events:
-        if (
-            e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-            and e.activity_task_scheduled_event_attributes.activity_type.name == "publish_order_status"
-        ):
-            steps.append("write")
-        elif (
-            e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-            and e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() == coalesce
-        ):
-            steps.append("wait")
-    assert steps[0] == "write", steps
-    # Every write but the last is followed by the coalescing wait before the next one.
-    assert "write,write" not in ",".join(steps), steps
-
-
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
     _, histories, _ = lifecycle
     replayer = Replayer(
