@@ -77,7 +77,9 @@ def _phantom_mac(seed: str) -> str:
 
 
 class AgentBootSeam:
-    def __init__(self, faults: FaultBook, timings: AgentTimings, *, retry_for_s: float = 60.0) -> None:
+    # Ignition and the discovery agent retry until they get through; a loaded lab (a thousand hosts
+    # booting at once) can take minutes to answer them all.
+    def __init__(self, faults: FaultBook, timings: AgentTimings, *, retry_for_s: float = 900.0) -> None:
         self.faults = faults
         self.timings = timings
         self.records: list[BootRecord] = []
@@ -101,7 +103,7 @@ class AgentBootSeam:
     async def _run(self, host: BootedHost, user_data: str) -> None:
         started = asyncio.get_running_loop().time()
         try:
-            config = await self._resolve(user_data, 0)
+            config = await self._resolve(user_data, 0, asyncio.get_running_loop().time() + self._retry_for_s)
         except Exception:
             log.exception("host %s: reading user data failed", host.host_id)
             config = None
@@ -141,7 +143,7 @@ class AgentBootSeam:
             outcome = BootOutcome.REJECTED
         self.records.append(BootRecord(host_id, outcome, tuple(macs), agent_name, code, duplicate_of))
 
-    async def _resolve(self, user_data: str, depth: int) -> DiscoveryAgentConfig | None:
+    async def _resolve(self, user_data: str, depth: int, deadline: float) -> DiscoveryAgentConfig | None:
         document = load_ignition(user_data)
         if document is None:
             return None
@@ -151,21 +153,30 @@ class AgentBootSeam:
         for source in config_sources(document):
             text = decode_data_url(source)
             if text is None and source.startswith(("http://", "https://")):
-                text = await self._fetch(source)
+                text = await self._fetch(source, deadline)
             if text is not None:
-                config = await self._resolve(text, depth + 1)
+                config = await self._resolve(text, depth + 1, deadline)
                 if config is not None:
                     return config
         return None
 
     @staticmethod
-    async def _fetch(url: str) -> str | None:
-        try:  # like Ignition fetching a merged config from the lab's self-signed endpoints
-            async with httpx.AsyncClient(timeout=10.0, verify=False) as client:
-                response = await client.get(url)
-        except httpx.HTTPError:
-            return None
-        return response.text if response.status_code == 200 else None
+    async def _fetch(url: str, deadline: float) -> str | None:
+        """GET a merged config like Ignition: unreachable or 5xx is retried until `deadline`."""
+        loop = asyncio.get_running_loop()
+        pause = 0.1
+        async with httpx.AsyncClient(timeout=10.0, verify=False) as client:
+            while True:
+                try:
+                    response = await client.get(url)
+                    if response.status_code < 500:
+                        return response.text if response.status_code == 200 else None
+                except httpx.HTTPError as exc:
+                    log.debug("fetching %s failed: %r", url.split("?")[0], exc)
+                if loop.time() >= deadline:
+                    return None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     async def _register(
         self, config: DiscoveryAgentConfig, agent_name: str, macs: Sequence[str]

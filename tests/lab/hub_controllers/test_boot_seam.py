@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lab.hub_controllers.agent_boot import BootOutcome, agent_host_id
+from lab.hub_controllers.agent_boot import AgentBootSeam, BootOutcome, agent_host_id
 from lab.hub_controllers.ignition import render_discovery_ignition
 from lab.hub_controllers.resources import AGENTS, INFRA_ENVS
 from lab.hub_controllers.testing import (
@@ -114,3 +117,41 @@ def test_host_ids_become_valid_agent_names() -> None:
     assert agent_host_id("host-001") == "host-001"
     odd = agent_host_id("Rack 7 / Slot 3")
     assert odd == agent_host_id("Rack 7 / Slot 3") and len(odd) == 36
+
+
+def test_a_config_fetch_is_retried_like_ignition_until_the_server_answers() -> None:
+    """A loaded lab answers late or with 503; Ignition (and so the twin's boot) keeps trying, and a
+    definite answer (404) ends it at once."""
+    hits: list[str] = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            if self.path == "/missing":
+                self.send_response(404)
+            elif len([h for h in hits if h == self.path]) < 3:
+                self.send_response(503)
+            else:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"merged config")
+                return
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+
+    async def fetch(path: str) -> str | None:
+        return await AgentBootSeam._fetch(base + path, asyncio.get_running_loop().time() + 60)
+
+    try:
+        assert asyncio.run(fetch("/config")) == "merged config"
+        assert hits.count("/config") == 3
+        assert asyncio.run(fetch("/missing")) is None
+        assert hits.count("/missing") == 1
+    finally:
+        server.shutdown()
