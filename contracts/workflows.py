@@ -124,8 +124,8 @@ class WorkerRevision(IntEnum):
 
     # Every status change a signal of the worker workflow; every activity a remote one.
     SIGNALLED_REPORTS = 1
-    # Status changes delivered by the activities that start or end a phase; the short hub calls
-    # (the Agent lookup, the hand-off) run as local activities.
+    # Status changes delivered by the activities that start or end a phase; the Agent lookup (a
+    # read of the process's cache) runs as a local activity.
     ACTIVITY_REPORTS = 2
 
 

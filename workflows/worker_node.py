@@ -263,7 +263,6 @@ class WorkerNodeWorkflow:
                 ),
                 None,
                 summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",
-                local=self._reports_by_activities,
             )
             progress.agent_handed = True
             ready = self._next_report(phase=WorkerPhase.READY)
