@@ -45,7 +45,7 @@ _CLOSED = {
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
-def _local_activity(event: HistoryEvent) -> ActivityCall | None:
+def local_activity_call(event: HistoryEvent) -> ActivityCall | None:
     """A local activity's marker: run by the workflow's worker as soon as it is scheduled."""
     attributes = event.marker_recorded_event_attributes
     if attributes.marker_name != LOCAL_ACTIVITY_MARKER or "data" not in attributes.details:
@@ -74,7 +74,7 @@ def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[Histo
             if started is not None:
                 started.started = _seconds(event)
         elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-            local = _local_activity(event)
+            local = local_activity_call(event)
             if local is not None:
                 run.activities.append(local)
         elif event.event_type in _CLOSED:

@@ -618,47 +618,17 @@ class WorkerNodeWorkflow:
         workflow.continue_as_new(self._input.model_copy(update={"progress": self._progress}))
 
     async def _bmaas(
-        self,
-        name: BmaasActivity,
-        arg: Any,
-        result_type: type[T] | None,
-        *,
-        summary: str,
-        wait: bool = False,
-        report_on_success: WorkerReport | None = None,
+        self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str, **options: Any
     ) -> T:
         assert self._input is not None
         return await self._call(
-            name.value,
-            arg,
-            result_type,
-            summary=summary,
-            wait=wait,
-            task_queue=self._input.bmaas_task_queue,
-            report_on_success=report_on_success,
+            name.value, arg, result_type, summary=summary, task_queue=self._input.bmaas_task_queue, **options
         )
 
     async def _hub(
-        self,
-        name: HubActivity,
-        arg: Any,
-        result_type: type[T] | None,
-        *,
-        summary: str,
-        wait: bool = False,
-        report_on_success: WorkerReport | None = None,
-        local: bool = False,
+        self, name: HubActivity, arg: Any, result_type: type[T] | None, *, summary: str, **options: Any
     ) -> T:
-        return await self._call(
-            name.value,
-            arg,
-            result_type,
-            summary=summary,
-            wait=wait,
-            task_queue=None,
-            report_on_success=report_on_success,
-            local=local,
-        )
+        return await self._call(name.value, arg, result_type, summary=summary, task_queue=None, **options)
 
     def _deadline(self, limit: timedelta) -> datetime:
         """An absolute deadline for a wait activity: durable in its input, so a retried or
@@ -672,9 +642,9 @@ class WorkerNodeWorkflow:
         result_type: type[T] | None,
         *,
         summary: str,
-        wait: bool,
         task_queue: str | None,
-        report_on_success: WorkerReport | None,
+        wait: bool = False,
+        report_on_success: WorkerReport | None = None,
         local: bool = False,
     ) -> T:
         delivery = self._report_delivery(arg, report_on_success)

@@ -19,6 +19,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from bench.histories import local_activity_call
 from contracts.activities import HubActivity
 from contracts.worker import FailureReason, TimingPolicy, WorkerStatus
 from contracts.workflows import worker_workflow_id
@@ -163,15 +164,8 @@ async def _attempt(handle: WorkflowHandle[Any, Any], attempt: int, what: str) ->
 
 
 def _local_activities(events: Sequence[HistoryEvent], activity: str) -> list[HistoryEvent]:
-    """The markers that record the local activity `activity` (the SDK's marker: its data names the type)."""
-    return [
-        e
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
-        and json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
-        == activity
-    ]
+    """The markers that record the local activity `activity`."""
+    return [e for e in events if (call := local_activity_call(e)) is not None and call.name == activity]
 
 
 def _fired_timers(events: Sequence[HistoryEvent], after: int = 0) -> list[timedelta]:
