@@ -144,6 +144,20 @@ def agent_macs(agent: KubeObject) -> set[str]:
     return macs
 
 
+# Agent index keys (Informer.add_index): a MAC waiter reads, and is woken by, only the Agents that
+# report one of its MACs or no inventory yet, not every Agent of the InfraEnv's namespace.
+NO_INVENTORY_KEY = "inventory=none"
+
+
+def mac_key(mac: str) -> str:
+    return f"mac={mac}"
+
+
+def agent_index_keys(agent: KubeObject) -> list[str]:
+    macs = agent_macs(agent)
+    return [mac_key(mac) for mac in macs] if macs else [NO_INVENTORY_KEY]
+
+
 def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
     """Registered moments ago and not reporting its interfaces yet (assisted-service writes the
     inventory right after creating the Agent). Older inventory-less Agents are not waited for."""
@@ -272,6 +286,7 @@ class AssistedActivities:
         ignition_timeout: float = 30.0,
     ) -> None:
         self._kube = kube
+        kube.informer(AGENTS).add_index(agent_index_keys)
         self._http = http
         self._heartbeat_every = heartbeat_every
         self._default_pull_secret = default_pull_secret
@@ -717,11 +732,14 @@ class AssistedActivities:
         """Wait on the shared Agent informer until exactly one Agent matches (see _match_agent)."""
         namespace, infraenv = input.infraenv.namespace, input.infraenv.name
         informer = self._kube.informer(AGENTS)
+        # Every Agent _match_agent needs: the ones with the host's MACs and the inventory-less ones.
+        keys = [mac_key(mac) for mac in sorted(set(input.macs))] + [NO_INVENTORY_KEY]
         while True:
             try:
                 await informer.wait(
-                    lambda: _match_agent(input, informer.items(namespace)),
+                    lambda: _match_agent(input, informer.indexed(namespace, keys)),
                     namespace=namespace,
+                    keys=keys,
                     deadline=input.deadline,
                     on_tick=on_tick,
                     tick_seconds=tick,

@@ -10,6 +10,9 @@ Waiting activities observe the hub through `Informer`s: one watch stream per kin
 process (list, then watch from the list's resourceVersion; resume from the last resourceVersion
 after a clean close; re-list after 410 Gone or a broken stream), a local cache, and waiters woken on
 change. Hub calls per waiting activity therefore do not grow with how long a host takes to boot.
+A waiter names the index keys it cares about (an object's name, or keys such as an Agent's MACs
+from `Informer.add_index`), so a change wakes the few waiters it concerns rather than every waiter of
+the namespace, and it reads the matching objects from the index rather than scanning them all.
 
 Errors are mapped once, here, to `HubApiError` (a Temporal `ApplicationError`) whose `type` is a
 `HubErrorType`: 404/400/422/401/403 non-retryable (422 names the invalid fields), 409 and 5xx and
@@ -26,7 +29,7 @@ import logging
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,6 +54,7 @@ _tracer = trace.get_tracer("osac.hub")
 T = TypeVar("T")
 KubeObject = dict[str, Any]
 Transform = Callable[[KubeObject], KubeObject]
+Indexer = Callable[[KubeObject], Iterable[str]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,7 +611,12 @@ class HubKube:
 
         while True:
             outcome = await informer.wait(
-                check, namespace=namespace, deadline=deadline, on_tick=tick, tick_seconds=tick_seconds
+                check,
+                namespace=namespace,
+                keys=[informer.name_key(name)],
+                deadline=deadline,
+                on_tick=tick,
+                tick_seconds=tick_seconds,
             )
             if outcome is not absent:
                 return outcome
@@ -683,6 +692,7 @@ class _Expired(Exception):
 @dataclass(eq=False)
 class _Waiter:
     namespace: str | None
+    keys: frozenset[str] | None  # None: woken by every change in its namespace
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -720,8 +730,14 @@ class Informer:
         self.resource = resource
         self._transform = transform
         self._objects: dict[tuple[str, str], KubeObject] = {}
+        self._by_namespace: dict[str, dict[str, KubeObject]] = {}
+        self._indexers: list[Indexer] = []
+        self._keys: dict[tuple[str, str], frozenset[str]] = {}  # each object's index keys
+        self._index: dict[tuple[str, str], set[str]] = {}  # (namespace, key) -> object names
         self._resource_version: str | None = None
         self._waiters: set[_Waiter] = set()
+        self._broad_waiters: set[_Waiter] = set()  # the ones without keys; the others by key:
+        self._keyed_waiters: dict[tuple[str, str], set[_Waiter]] = {}
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._synced: asyncio.Event | None = None
@@ -792,7 +808,29 @@ class Informer:
     def items(self, namespace: str | None = None) -> list[KubeObject]:
         if namespace is None:
             return list(self._objects.values())
-        return [obj for (ns, _), obj in self._objects.items() if ns == namespace]
+        return list(self._by_namespace.get(namespace, {}).values())
+
+    def indexed(self, namespace: str, keys: Iterable[str]) -> list[KubeObject]:
+        """The objects of `namespace` with any of `keys` (see `add_index`, `name_key`), by name."""
+        names: set[str] = set()
+        for key in keys:
+            names.update(self._index.get((namespace, key), ()))
+        objects = self._by_namespace.get(namespace, {})
+        return [objects[name] for name in sorted(names)]
+
+    @staticmethod
+    def name_key(name: str) -> str:
+        """Every object's own index key."""
+        return f"name={name}"
+
+    def add_index(self, indexer: Indexer) -> None:
+        """Index objects also by `indexer(object)` (computed once per version of an object).
+        Adding the same function again does nothing."""
+        if indexer in self._indexers:
+            return
+        self._indexers.append(indexer)
+        for key, obj in list(self._objects.items()):
+            self._store(key, obj)
 
     def transform(self, obj: KubeObject) -> KubeObject:
         """What the cache would keep of `obj` (e.g. a fresh read, before waiters look at it)."""
@@ -805,17 +843,26 @@ class Informer:
         check: Callable[[], T | None],
         *,
         namespace: str | None = None,
+        keys: Iterable[str] | None = None,
         deadline: datetime | None = None,
         on_tick: Callable[[], None] | None = None,
         tick_seconds: float = 10.0,
     ) -> T:
         """Return `check()` once it is not None, evaluated on the cache after every change in
-        `namespace` (all namespaces if None) and at least every `tick_seconds` (when `on_tick`
-        runs too, e.g. to heartbeat). Raises WaitTimedOut once `deadline` passed (the check runs
-        at least once even if the deadline is already past). Cancellation propagates."""
+        `namespace` (all namespaces if None) to an object that had or has one of `keys` (any
+        object if None; keys need a namespace), after a re-list, and at least every `tick_seconds`
+        (when `on_tick` runs too, e.g. to heartbeat). Raises WaitTimedOut once `deadline` passed
+        (the check runs at least once even if the deadline is already past). Cancellation
+        propagates."""
+        if keys is not None and namespace is None:
+            raise ValueError("an informer wait on index keys needs a namespace")
         await self.start()
-        waiter = _Waiter(namespace)
+        waiter = _Waiter(namespace, frozenset(keys) if keys is not None else None)
         self._waiters.add(waiter)
+        if waiter.keys is None:
+            self._broad_waiters.add(waiter)
+        for key in waiter.keys or ():
+            self._keyed_waiters.setdefault((namespace or "", key), set()).add(waiter)
         try:
             while True:
                 waiter.event.clear()  # before checking, so a change during the check is not lost
@@ -844,11 +891,53 @@ class Informer:
                     await asyncio.wait_for(waiter.event.wait(), timeout)
         finally:
             self._waiters.discard(waiter)
+            self._broad_waiters.discard(waiter)
+            for key in waiter.keys or ():
+                keyed = self._keyed_waiters.get((namespace or "", key))
+                if keyed is not None:
+                    keyed.discard(waiter)
+                    if not keyed:
+                        del self._keyed_waiters[(namespace or "", key)]
 
-    def _notify(self, namespace: str | None) -> None:
-        for waiter in self._waiters:
+    def _notify(self, namespace: str | None, changed: frozenset[str] | None = None) -> None:
+        """Wake the waiters a change concerns: in `namespace` (None: all) with one of the `changed`
+        keys (None: any), and every waiter that named no keys."""
+        for waiter in self._broad_waiters if changed is not None else self._waiters:
             if namespace is None or waiter.namespace is None or waiter.namespace == namespace:
                 waiter.event.set()
+        if changed is None or namespace is None:
+            return
+        for key in changed:
+            for waiter in self._keyed_waiters.get((namespace, key), ()):
+                waiter.event.set()
+
+    def _store(self, key: tuple[str, str], obj: KubeObject | None) -> frozenset[str]:
+        """Put (None: remove) an object into the cache and its indexes; its keys before and after."""
+        namespace, name = key
+        before = self._keys.pop(key, frozenset())
+        for index_key in before:
+            names = self._index.get((namespace, index_key))
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._index[(namespace, index_key)]
+        if obj is None:
+            self._objects.pop(key, None)
+            in_namespace = self._by_namespace.get(namespace)
+            if in_namespace is not None:
+                in_namespace.pop(name, None)
+                if not in_namespace:
+                    del self._by_namespace[namespace]
+            return before
+        self._objects[key] = obj
+        self._by_namespace.setdefault(namespace, {})[name] = obj
+        after = {self.name_key(name)}
+        for indexer in self._indexers:
+            after.update(indexer(obj))
+        self._keys[key] = frozenset(after)
+        for index_key in after:
+            self._index.setdefault((namespace, index_key), set()).add(name)
+        return before | self._keys[key]
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -896,12 +985,11 @@ class Informer:
     async def _relist(self) -> None:
         listing = await self._kube.list(self.resource)
         self.stats.lists += 1
-        fresh: dict[tuple[str, str], KubeObject] = {}
+        self._objects, self._by_namespace, self._keys, self._index = {}, {}, {}, {}
         for obj in listing.items:
             key = self._key(obj)
             if key is not None:
-                fresh[key] = self._transform(obj) if self._transform else obj
-        self._objects = fresh
+                self._store(key, self._transform(obj) if self._transform else obj)
         self._resource_version = listing.resource_version
         assert self._synced is not None
         self._synced.set()
@@ -949,10 +1037,12 @@ class Informer:
             return
         self.stats.events += 1
         if kind == "DELETED":
-            self._objects.pop(key, None)
+            changed = self._store(key, None)
         elif kind in ("ADDED", "MODIFIED"):
-            self._objects[key] = self._transform(obj) if self._transform else obj
-        self._notify(key[0])
+            changed = self._store(key, self._transform(obj) if self._transform else obj)
+        else:
+            return
+        self._notify(key[0], changed)
 
     @staticmethod
     def _key(obj: KubeObject) -> tuple[str, str] | None:

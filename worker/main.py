@@ -32,6 +32,7 @@ from activities.kube import HubKube
 from activities.reporting import use_batch_window
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.bmaas import BmaasErrorType
+from worker.compiled_code import compile_once
 from worker.health import serve_health
 from worker.settings import Settings
 from workflows.cluster_workers import ClusterWorkersWorkflow
@@ -161,6 +162,7 @@ async def check_search_attributes(client: Client) -> None:
 
 
 def build_workers(client: Client, settings: Settings, backends: Backends) -> list[Worker]:
+    compile_once()  # before the first sandbox imports a workflow module
     shutdown = timedelta(seconds=settings.graceful_shutdown_seconds)
     main = Worker(
         client,

@@ -296,3 +296,60 @@ def _input(namespace: str, agent: dict, kit) -> WaitAgentInput:
             "deadline": datetime.now(UTC) + timedelta(seconds=30),
         }
     )
+
+
+def _team(secret: dict[str, object]) -> list[str]:
+    labels = (secret.get("metadata") or {}).get("labels") or {}  # type: ignore[union-attr]
+    return [f"team={labels['team']}"] if "team" in labels else []
+
+
+async def test_a_keyed_waiter_hears_only_of_its_objects_and_reads_them_from_the_index(api, api_kube):
+    """1,000 waiters each checking every Agent on every change of any took most of a worker's CPU:
+    a waiter names its index keys, is woken by changes to objects with them and reads just those."""
+    informer = api_kube.informer(SECRETS)
+    informer.add_index(_team)
+    informer.add_index(_team)  # the same function again: one index
+    ns = api.ns
+
+    async def seen(name: str, team: str | None) -> None:
+        def check() -> bool | None:
+            obj = informer.get(ns, name)
+            current = _team(obj) if obj is not None else None
+            return True if current == ([f"team={team}"] if team else None) else None
+
+        await asyncio.wait_for(informer.wait(check, namespace=ns, keys=[informer.name_key(name)]), 30)
+
+    def secret(name: str, team: str) -> None:
+        api.create("Secret", {"metadata": {"name": name, "labels": {"team": team}}})
+
+    checks = 0
+
+    def both_blue() -> list[str] | None:
+        nonlocal checks
+        checks += 1
+        names = [s["metadata"]["name"] for s in informer.indexed(ns, ["team=blue"])]
+        return names if len(names) == 2 else None
+
+    waiting = asyncio.create_task(informer.wait(both_blue, namespace=ns, keys=["team=blue"], tick_seconds=60))
+    for i in range(20):
+        await asyncio.to_thread(secret, f"red-{i}", "red")
+    await seen("red-19", "red")
+    assert checks == 1  # twenty changes, none of them its business
+
+    await asyncio.to_thread(secret, "blue-1", "blue")
+    await seen("blue-1", "blue")
+    await asyncio.to_thread(api.patch, "Secret", "red-3", {"metadata": {"labels": {"team": "blue"}}})
+    assert await asyncio.wait_for(waiting, 30) == ["blue-1", "red-3"]
+    assert checks == 3  # woken by the new blue one and by the one that turned blue
+
+    # The index follows a key going away and an object being deleted.
+    await asyncio.to_thread(api.patch, "Secret", "red-3", {"metadata": {"labels": {"team": "red"}}})
+    await seen("red-3", "red")
+    assert [s["metadata"]["name"] for s in informer.indexed(ns, ["team=blue"])] == ["blue-1"]
+    await asyncio.to_thread(api.delete, "Secret", "blue-1")
+    await seen("blue-1", None)
+    assert informer.indexed(ns, ["team=blue"]) == []
+    assert len(informer.indexed(ns, ["team=red"])) == 20
+    assert informer.indexed("elsewhere", ["team=red"]) == []
+    with pytest.raises(ValueError, match="namespace"):
+        await informer.wait(lambda: True, keys=["team=red"])
