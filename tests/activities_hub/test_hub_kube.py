@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -298,8 +299,8 @@ def _input(namespace: str, agent: dict, kit) -> WaitAgentInput:
     )
 
 
-def _team(secret: dict[str, object]) -> list[str]:
-    labels = (secret.get("metadata") or {}).get("labels") or {}  # type: ignore[union-attr]
+def _team(secret: dict[str, Any]) -> list[str]:
+    labels = (secret.get("metadata") or {}).get("labels") or {}
     return [f"team={labels['team']}"] if "team" in labels else []
 
 

@@ -25,7 +25,8 @@ async def test_the_sandbox_compiles_a_workflow_module_once_however_often_it_impo
         return load(self, fullname)
 
     monkeypatch.setattr(SourceFileLoader, "get_code", counting)
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, _CompiledOnceFinder)])
+    without_hook = [f for f in sys.meta_path if not isinstance(f, _CompiledOnceFinder)]
+    monkeypatch.setattr(sys, "meta_path", without_hook)
     runner = SandboxedWorkflowRunner()
     definition = workflow._Definition.from_class(WorkerNodeWorkflow)
     assert definition is not None
