@@ -20,6 +20,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from worker.settings import Settings
+
 
 @activity.defn
 async def trivial(step: int) -> int:
@@ -49,7 +51,8 @@ async def serve(address: str, namespace: str, task_queue: str) -> None:
         task_queue=task_queue,
         workflows=[TrivialWorkflow],
         activities=[trivial],
-        max_concurrent_activities=200,  # as our worker's default (OSAC_MAX_CONCURRENT_ACTIVITIES)
+        # As our worker (OSAC_MAX_CONCURRENT_ACTIVITIES default).
+        max_concurrent_activities=Settings.model_fields["max_concurrent_activities"].default,
         graceful_shutdown_timeout=timedelta(seconds=1),
     ):
         await stop.wait()

@@ -40,7 +40,10 @@ class Settings(BaseSettings):
     bmaas_task_queue: str = BMAAS_TASK_QUEUE
     # Upper bound on BMaaS activity starts per second across all workers of the task queue.
     bmaas_activities_per_second: float | None = Field(default=20.0, gt=0)
-    max_concurrent_activities: int = Field(default=200, gt=0)
+    # Most running activities are waits (a coroutine each on a shared watch), about one per worker
+    # in flight: a low cap lets waits hold every slot while the short calls that make progress queue
+    # behind them. The calls themselves are bounded by blocking_threads and the BMaaS start rate.
+    max_concurrent_activities: int = Field(default=2000, gt=0)
     blocking_threads: int = Field(default=32, gt=0)
     # Workflows kept in memory between tasks. Ready workers wait for days without a task, so a
     # cache far smaller than the workers held bounds memory; an evicted worker replays its short

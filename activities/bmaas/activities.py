@@ -391,9 +391,11 @@ class BmaasActivities:
         """The CaaS BMIs, of any order, other than `exclude_bmi_id` whose NICs carry one of the MACs.
 
         A fresh list, not the watcher's cache: an Agent is bound on this answer, so a host that
-        started running moments ago must be seen. DELETING BMIs count (the host still has its NICs)."""
+        started running moments ago must be seen. DELETING BMIs count (the host still has its NICs).
+        The server filters by MAC (every CaaS BMI per bound worker would make a burst quadratic);
+        the answer is checked again here on normalised MACs."""
         wanted = set(req.macs)
-        items = await self.client.list_instances(LIST_FILTER)
+        items = await self.client.list_instances(f"{LIST_FILTER} && {nic_mac_filter(wanted)}")
         snapshots = [BmiSnapshot.from_api(item) for item in items]
         found = {
             s.id
@@ -448,3 +450,11 @@ def _previous_deleting_since() -> datetime | None:
         if progress.deleting_since is not None:
             return progress.deleting_since
     return None
+
+
+def nic_mac_filter(macs: set[str]) -> str:
+    """CEL: a NIC of the BMI has one of `macs` (normalised; the API reports lowercase, upper case
+    is matched too so a differently spelling server is not silently missed)."""
+    spellings = sorted({m for mac in macs for m in (mac, mac.upper())})
+    return f"this.status.hardware.nics.exists(n, n.mac in [{', '.join(cel_string(m) for m in spellings)}])"
+
