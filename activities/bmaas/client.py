@@ -106,6 +106,7 @@ class BmaasClient:
         timeout: total budget of one call in seconds, retries included.
         ca_bundle: PEM file to verify the server with; the system store when None.
         read_attempts: tries per idempotent call (GET, DELETE) on 5xx/429/connection errors.
+        max_in_flight: requests sent at once; the rest wait their turn (within their budget).
         transport / event_hooks: passed to httpx (tests count requests with them).
     """
 
@@ -117,6 +118,7 @@ class BmaasClient:
         timeout: float = 30.0,
         ca_bundle: str | os.PathLike[str] | None = None,
         read_attempts: int = 4,
+        max_in_flight: int = 32,
         transport: httpx.AsyncBaseTransport | None = None,
         event_hooks: Mapping[str, list[Any]] | None = None,
     ) -> None:
@@ -127,6 +129,7 @@ class BmaasClient:
         verify: ssl.SSLContext | bool = True
         if ca_bundle is not None:
             verify = ssl.create_default_context(cafile=str(ca_bundle))
+        pool = max_in_flight + 2
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             verify=verify,
@@ -134,9 +137,14 @@ class BmaasClient:
             event_hooks=dict(event_hooks or {}),
             # Per-operation limits; the call budget is enforced around each call with asyncio.timeout.
             timeout=httpx.Timeout(timeout),
-            # Many concurrent activities share this pool; the watch stream holds one connection.
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+            # Requests are bounded below (max_in_flight), so every connection is kept and reused;
+            # the watch stream holds one more.
+            limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
         )
+        # Thousands of activities may call at once in a burst. Queued inside httpx's pool they cost
+        # time quadratic in their number (each completion rescans every queued request) and churn
+        # connections; queued here they wait in order on a semaphore.
+        self._in_flight = asyncio.Semaphore(max_in_flight)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -202,8 +210,8 @@ class BmaasClient:
             if remaining <= 0:
                 raise transport_error(operation, TimeoutError())
             try:
-                token = self.token.get()
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(remaining), self._in_flight:
+                    token = self.token.get()
                     resp = await self._http.request(
                         method, PRIVATE_PREFIX + path, params=params, json=body, headers=self._headers(token)
                     )

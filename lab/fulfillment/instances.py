@@ -40,6 +40,7 @@ from lab.fulfillment.objects import (
     as_object,
     check_lock,
     check_unchanged,
+    copy_tree,
     list_answer,
     merge_patch,
     new_id,
@@ -95,8 +96,19 @@ class InstanceService:
         offset: int | None = None,
         limit: int | None = None,
     ) -> dict[str, Any]:
-        items = [self.render(r, caller) for r in self._visible(caller)]
-        return list_answer(items, filter_expr=filter_expr, order=order, offset=offset, limit=limit)
+        # Cached renderings and CEL activations: a List costs a render and a CEL conversion per
+        # changed BMI, not per BMI. Only the returned page is copied (the views are shared).
+        views = [r.view(public=not caller.is_admin) for r in self._visible(caller)]
+        answer = list_answer(
+            [v.data for v in views],
+            filter_expr=filter_expr,
+            order=order,
+            offset=offset,
+            limit=limit,
+            activations=[v.activation for v in views],
+        )
+        answer["items"] = [copy_tree(obj) for obj in answer["items"]]
+        return answer
 
     # ------------------------------------------------------------------------------------ writing
 

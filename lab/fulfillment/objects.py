@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import cel
 from pydantic import BaseModel, ValidationError
 
-from lab.fulfillment.celfilter import compile_filter
+from lab.fulfillment.celfilter import LIST_VARIABLE, compile_filter
 from lab.fulfillment.errors import ApiError, field_path
 from lab.fulfillment.models import Metadata, utcnow
 
@@ -163,21 +165,42 @@ def _order_key(path: list[str]) -> Any:
     return key
 
 
+def copy_tree(value: Any) -> Any:
+    """A deep copy of rendered JSON (dicts, lists, scalars); much cheaper than `copy.deepcopy`."""
+    if isinstance(value, dict):
+        return {k: copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_tree(v) for v in value]
+    return value
+
+
 def list_answer(
-    items: list[dict[str, Any]],
+    items: Sequence[dict[str, Any]],
     *,
     filter_expr: str | None,
     order: str | None,
     offset: int | None,
     limit: int | None,
+    activations: Sequence[Callable[[], cel.Context]] | None = None,
 ) -> dict[str, Any]:
-    """`{size, total, items}` over already-rendered, caller-visible objects (creation order)."""
+    """`{size, total, items}` over already-rendered, caller-visible objects (creation order).
+
+    `activations`, if given, parallels `items`: each returns the item's CEL activation for `this`
+    (see `celfilter.activation`), so a caller that caches them skips the per-item CEL conversion.
+    """
     if offset is not None and offset < 0:
         raise ApiError.invalid("offset", "must not be negative")
     if limit is not None and limit < 0:
         raise ApiError.invalid("limit", "must not be negative")
-    predicate = compile_filter(filter_expr, "this")
-    matched = [obj for obj in items if predicate(obj)]
+    predicate = compile_filter(filter_expr, LIST_VARIABLE)
+    if activations is None or predicate.matches_everything:
+        matched = [obj for obj in items if predicate(obj)]
+    else:
+        matched = [
+            obj
+            for obj, context in zip(items, activations, strict=True)
+            if predicate.matches_activation(context())
+        ]
     if order and order.strip():
         # Apply the terms last-to-first: Python's sort is stable, so the first term wins.
         for term in reversed([t.strip() for t in order.split(",") if t.strip()]):

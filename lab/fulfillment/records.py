@@ -3,18 +3,45 @@
 The record keeps what the API never answers: the user data (secret, only its size is ever logged),
 the resolved instance type and the host the BMI holds. Every change goes through `changed()`, which
 bumps `metadata.version` and publishes the watch event, so the version and the events never drift.
+It also drops the record's cached renderings (`view()`), which List reuses until the next change.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import cel
+
+from lab.fulfillment.celfilter import LIST_VARIABLE, activation
 from lab.fulfillment.events import EventBus
 from lab.fulfillment.models import BareMetalInstance, BmiState, EventType, render
 
 PAYLOAD_FIELD = "bare_metal_instance"
+
+
+class RecordView:
+    """One rendering of a record's object at one version, with its CEL activation built on first use.
+
+    Shared by every List until the record changes, so nobody may mutate `data`: answers hand out copies.
+    """
+
+    __slots__ = ("_activation", "data", "obj", "version")
+
+    def __init__(self, obj: BareMetalInstance, data: dict[str, Any]) -> None:
+        self.obj = obj
+        self.version = obj.metadata.version
+        self.data = data
+        self._activation: cel.Context | None = None
+
+    def is_current(self, obj: BareMetalInstance) -> bool:
+        return self.obj is obj and self.version == obj.metadata.version
+
+    def activation(self) -> cel.Context:
+        if self._activation is None:
+            self._activation = activation(LIST_VARIABLE, self.data)
+        return self._activation
 
 
 @dataclass(eq=False)
@@ -25,6 +52,8 @@ class BmiRecord:
     host_id: str | None = None
     task: asyncio.Task[None] | None = None
     deleting: bool = False
+    # Cached renderings (private, public API); `InstanceTable.changed()` drops them.
+    _views: dict[bool, RecordView] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -41,6 +70,22 @@ class BmiRecord:
     def key(self) -> tuple[str, str, str]:
         m = self.obj.metadata
         return (m.tenant, m.project, m.name)
+
+    def view(self, public: bool) -> RecordView:
+        """The object as the private (or public) API renders it now, rendered once per change.
+
+        Besides the drop in `changed()`, a view is only reused for the same object at the same version,
+        so a replaced `obj` or a bumped version can never be answered stale.
+        """
+        cached = self._views.get(public)
+        if cached is not None and cached.is_current(self.obj):
+            return cached
+        data = render_public(self.obj) if public else render_private(self.obj)
+        fresh = self._views[public] = RecordView(self.obj, data)
+        return fresh
+
+    def forget_views(self) -> None:
+        self._views.clear()
 
 
 class InstanceTable:
@@ -63,10 +108,12 @@ class InstanceTable:
 
     def changed(self, rec: BmiRecord) -> None:
         rec.obj.metadata.version += 1
+        rec.forget_views()
         self._publish(EventType.UPDATED, rec)
 
     def remove(self, rec: BmiRecord) -> None:
         self._records.pop(rec.id, None)
+        rec.forget_views()
         self._publish(EventType.DELETED, rec)
 
     def _publish(self, event_type: EventType, rec: BmiRecord) -> None:

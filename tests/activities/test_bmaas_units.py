@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
-from activities.bmaas.client import TokenFile, cel_string
+from activities.bmaas.client import BmaasClient, TokenFile, cel_string
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
 from activities.bmaas.snapshot import BmiSnapshot, normalize_mac
 from contracts.bmaas import BmaasErrorType, BmiState, CreateWorkerInstanceInput
@@ -124,3 +126,24 @@ def test_create_input_derives_names() -> None:
     )
     assert req.bmi_name == "order1-worker-3"
     assert req.ignition_ref == ("ns", "order1-infraenv")
+
+
+async def test_a_burst_of_calls_is_sent_a_few_at_a_time_and_all_answered(tmp_path: Path) -> None:
+    """A thousand workers starting at once must not pile their calls into the HTTP pool."""
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + "x" * 30)
+    in_flight = peak = 0
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return httpx.Response(200, json={"id": request.url.path.rsplit("/", 1)[-1]})
+
+    transport = httpx.MockTransport(answer)
+    async with BmaasClient("http://bmaas.test", token, max_in_flight=4, transport=transport) as client:
+        answers = await asyncio.gather(*(client.get_instance(f"bmi-{i}") for i in range(60)))
+    assert [a["id"] for a in answers] == [f"bmi-{i}" for i in range(60)]
+    assert peak == 4
