@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # cache far smaller than the workers held bounds memory; an evicted worker replays its short
     # history when its next event comes (see bench/README.md for the figures).
     max_cached_workflows: int = Field(default=100, ge=0)
+    # Workflow tasks processed at once. They share one interpreter (the GIL): beyond a few, more only
+    # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
+    max_concurrent_workflow_tasks: int = Field(default=16, ge=2)
     # How long a worker report waits for others to the same cluster workflow, so a burst of phase
     # changes reaches it in a few signals (each wakes it: history events). 0: send at once.
     report_batch_window_seconds: float = Field(default=DEFAULT_BATCH_WINDOW_S, ge=0, le=5)

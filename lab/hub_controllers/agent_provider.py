@@ -86,6 +86,30 @@ def _name(obj: Obj) -> str:
     return str(obj["metadata"]["name"])
 
 
+def _by_machine_ref(agents: dict[str, Obj]) -> dict[str, Obj]:
+    """Machine name -> the first Agent (in `agents` order) whose `agentMachineRef` names it."""
+    result: dict[str, Obj] = {}
+    for agent in agents.values():
+        ref = (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value)
+        if ref is not None:
+            result.setdefault(ref, agent)
+    return result
+
+
+def _candidates(agents: dict[str, Obj], selector: dict[str, Any], taken: set[str]) -> list[Obj]:
+    """Agents a pending Machine may claim, oldest first (ties broken by name)."""
+    return sorted(
+        (
+            a
+            for a in agents.values()
+            if _name(a) not in taken
+            and claimable(a)
+            and selector_matches(selector, a["metadata"].get("labels") or {})
+        ),
+        key=lambda a: (str(a["metadata"].get("creationTimestamp", "")), _name(a)),
+    )
+
+
 class NodePoolController(Controller):
     name = "hypershift-agent-provider"
     workers = 1  # one writer per namespace's Agents keeps claims simple; the CAS still guards them
@@ -109,16 +133,25 @@ class NodePoolController(Controller):
         ] = {}  # machine key -> (pool key, loop time), until cached
         self._deleted: dict[str, float] = {}  # machine key -> loop time deleted, until the cache drops it
         self._claimed: dict[str, str] = {}  # machine key -> agent name, authoritative over a lagging cache
+        # Claims `_expire` must look at: made since its last run, or whose Machine left the cache since.
+        # Any other claim's Machine was cached at the last run and still is, so scanning every claim
+        # (one per Machine of every NodePool) on each reconcile would only find the same answer.
+        self._claims_to_check: set[str] = set()
         self._status_subresource: dict[ApiResource, bool] = {}
         self.watch(node_pools)
         self.watch(machines, self._pool_of_machine)
         self.watch(agents, self._pools_for_agent)
+        machines.add_handler(self._on_machine_event)
 
     # -- event mapping ---------------------------------------------------------------------------
     def _pool_of_machine(self, _kind: WatchEventType, machine: Obj) -> list[str]:
         m = machine.get("metadata", {})
         pool = (m.get("labels") or {}).get(Label.NODEPOOL.value)
         return [f"{m.get('namespace')}/{pool}"] if pool else []
+
+    def _on_machine_event(self, kind: WatchEventType, machine: Obj) -> None:
+        if kind is WatchEventType.DELETED:
+            self._claims_to_check.add(key_of(machine))
 
     def _pools_for_agent(self, _kind: WatchEventType, agent: Obj) -> list[str]:
         m = agent.get("metadata", {})
@@ -193,6 +226,10 @@ class NodePoolController(Controller):
         # 5. Pending Machines claim Agents.
         if selector and node_pool is not None:
             taken = set(self._claimed.values())
+            # `agents` is a snapshot that no write below changes, so what is derived from it is built
+            # once, on first need, instead of rescanning every Agent for every pending Machine.
+            by_machine_ref: dict[str, Obj] | None = None
+            ranked: list[Obj] | None = None
             for machine in live:
                 if _provider_agent(machine) is not None:
                     continue
@@ -200,11 +237,17 @@ class NodePoolController(Controller):
                 if known is not None:  # claimed, but the providerID write failed or is not cached yet
                     await self._set_provider_id(machine, known)
                     continue
-                adopted = await self._adopt(machine, agents)
+                if by_machine_ref is None:
+                    by_machine_ref = _by_machine_ref(agents)
+                adopted = await self._adopt(machine, by_machine_ref)
                 if adopted is not None:
                     taken.add(adopted)
                     continue
-                claimed = await self._claim(node_pool, machine, selector, agents, taken)
+                if ranked is None:
+                    ranked = _candidates(agents, selector, taken)
+                # `taken` only grows: filtering the first ranking equals ranking afresh.
+                candidates = [a for a in ranked if _name(a) not in taken]
+                claimed = await self._claim(node_pool, machine, candidates)
                 if claimed is None:
                     retry = 1.0 if retry is None else retry  # also re-driven by Agent events
                 else:
@@ -229,8 +272,9 @@ class NodePoolController(Controller):
         for k in [k for k in self._deleted if self._machines.get(k) is None]:
             del self._deleted[k]
         # Claims are only made for cached Machines, so a claim whose Machine left the cache is over.
-        for k in [k for k in self._claimed if self._machines.get(k) is None]:
+        for k in [k for k in self._claims_to_check if k in self._claimed and self._machines.get(k) is None]:
             del self._claimed[k]
+        self._claims_to_check.clear()
 
     def _agent_name(self, machine: Obj) -> str | None:
         return _provider_agent(machine) or self._claimed.get(key_of(machine))
@@ -283,16 +327,17 @@ class NodePoolController(Controller):
         self._deleted[key_of(machine)] = now
         self._claimed.pop(key_of(machine), None)
 
-    async def _adopt(self, machine: Obj, agents: dict[str, Obj]) -> str | None:
+    async def _adopt(self, machine: Obj, by_machine_ref: dict[str, Obj]) -> str | None:
         """An Agent already claimed for this Machine (we stopped between claim and providerID)."""
-        for agent in agents.values():
-            if (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value) == _name(machine):
-                await self._set_provider_id(machine, _name(agent))
-                return _name(agent)
-        return None
+        agent = by_machine_ref.get(_name(machine))
+        if agent is None:
+            return None
+        await self._set_provider_id(machine, _name(agent))
+        return _name(agent)
 
     async def _set_provider_id(self, machine: Obj, agent_name: str) -> None:
         self._claimed[key_of(machine)] = agent_name
+        self._claims_to_check.add(key_of(machine))
         await self._api.patch(
             MACHINES,
             machine["metadata"].get("namespace"),
@@ -300,21 +345,10 @@ class NodePoolController(Controller):
             {"spec": {"providerID": f"{PROVIDER_ID_PREFIX}{agent_name}"}},
         )
 
-    async def _claim(
-        self, node_pool: Obj, machine: Obj, selector: dict[str, Any], agents: dict[str, Obj], taken: set[str]
-    ) -> str | None:
+    async def _claim(self, node_pool: Obj, machine: Obj, candidates: list[Obj]) -> str | None:
+        """Claim the first of `candidates` (see `_candidates`) that a compare-and-swap lets us have."""
         np_meta = node_pool["metadata"]
         cluster = str(node_pool.get("spec", {}).get("clusterName") or np_meta["name"])
-        candidates = sorted(
-            (
-                a
-                for a in agents.values()
-                if _name(a) not in taken
-                and claimable(a)
-                and selector_matches(selector, a["metadata"].get("labels") or {})
-            ),
-            key=lambda a: (str(a["metadata"].get("creationTimestamp", "")), _name(a)),
-        )
         for agent in candidates:
             claimed = dict(agent)
             claimed["metadata"] = {

@@ -36,6 +36,9 @@ class Informer:
         self.resource = resource
         self.resource_version = ""
         self._cache: dict[str, Obj] = {}
+        # namespace -> key -> object, kept in step with `_cache` (same insertion order per namespace),
+        # so that `in_namespace` costs the namespace's objects, not every object of the kind.
+        self._by_namespace: dict[str, dict[str, Obj]] = {}
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -52,7 +55,8 @@ class Informer:
         return list(self._cache.values())
 
     def in_namespace(self, namespace: str) -> list[Obj]:
-        return [o for o in self._cache.values() if o.get("metadata", {}).get("namespace") == namespace]
+        """The cached objects whose `metadata.namespace` is `namespace`, in cache order."""
+        return list(self._by_namespace.get(namespace, {}).values())
 
     @property
     def synced(self) -> bool:
@@ -116,10 +120,12 @@ class Informer:
         fresh = {key_of(o): o for o in items}
         gone = [k for k in self._cache if k not in fresh]
         for key in gone:
-            self._notify(WatchEventType.DELETED, self._cache.pop(key))
+            removed = self._remove(key)
+            if removed is not None:  # always: `gone` was read from the cache
+                self._notify(WatchEventType.DELETED, removed)
         for key, obj in fresh.items():
             previous = self._cache.get(key)
-            self._cache[key] = obj
+            self._store(key, obj)
             if previous is None:
                 self._notify(WatchEventType.ADDED, obj)
             elif _rv(previous) != _rv(obj):
@@ -135,10 +141,36 @@ class Informer:
             return
         key = key_of(obj)
         if kind is WatchEventType.DELETED:
-            self._cache.pop(key, None)
+            self._remove(key)
         else:
-            self._cache[key] = obj
+            self._store(key, obj)
         self._notify(kind, obj)
+
+    def _store(self, key: str, obj: Obj) -> None:
+        previous = self._cache.get(key)
+        self._cache[key] = obj
+        old_ns, new_ns = _namespace(previous), _namespace(obj)
+        if previous is not None and old_ns != new_ns:
+            # Only "" vs. no namespace can share a key; rebuild so the order stays the cache's.
+            self._unindex(old_ns, key)
+            if new_ns is not None:
+                self._by_namespace[new_ns] = {k: o for k, o in self._cache.items() if _namespace(o) == new_ns}
+        elif new_ns is not None:
+            # An existing key keeps its place, a new one goes last: the order `_cache` has too.
+            self._by_namespace.setdefault(new_ns, {})[key] = obj
+
+    def _remove(self, key: str) -> Obj | None:
+        obj = self._cache.pop(key, None)
+        if obj is not None:
+            self._unindex(_namespace(obj), key)
+        return obj
+
+    def _unindex(self, namespace: str | None, key: str) -> None:
+        bucket = self._by_namespace.get(namespace) if namespace is not None else None
+        if bucket is not None and namespace is not None:
+            bucket.pop(key, None)
+            if not bucket:
+                del self._by_namespace[namespace]  # namespaces come and go (one per test, per order)
 
     def _notify(self, kind: WatchEventType, obj: Obj) -> None:
         for handler in self._handlers:
@@ -150,6 +182,12 @@ class Informer:
             handler(kind, obj)
         except Exception:  # a broken handler must not stop the cache
             log.exception("informer handler failed")
+
+
+def _namespace(obj: Obj | None) -> str | None:
+    """The index key: only string namespaces can equal `in_namespace`'s argument."""
+    namespace = None if obj is None else obj.get("metadata", {}).get("namespace")
+    return namespace if isinstance(namespace, str) else None
 
 
 def _rv(obj: Obj) -> str:
