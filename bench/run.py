@@ -46,7 +46,7 @@ from bench import latency, proc
 from bench.histories import RunHistory, fetch_task_queue
 from bench.observer import HubObserver
 from bench.profiles import ONE_X, TEN_X, ZERO, profile
-from bench.stack import BenchStack, Order, bench_stack, spawn, stop_process, wait_pollers
+from bench.stack import PY_SPY, BenchStack, Order, bench_stack, spawn, stop_process, wait_pollers
 from contracts.worker import TimingPolicy
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
 
@@ -783,6 +783,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
             preset["mode"] = preset["mode"] if args.quick or args.full else "custom"
     if args.hold is not None:
         preset["hold_s"] = args.hold
+    if args.flamegraphs is not None and not PY_SPY.exists():
+        parser.error(f"--flamegraphs: {PY_SPY} is missing; install it with: pip install -e '.[bench]'")
     chosen = tuple(p for p in args.cost_profiles.split(",") if p)
     for name in chosen:
         if name not in (ONE_X, TEN_X):

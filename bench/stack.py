@@ -41,6 +41,9 @@ PULL_SECRET = json.dumps({"auths": {"quay.io": {"auth": "YmVuY2g6bm90LWEtc2VjcmV
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e bench@osac"
 CLUSTER_ORDERS = "/apis/osac.openshift.io/v1alpha1"
 
+# Samples the worker for --flamegraphs; installed by the `bench` extra.
+PY_SPY = Path(sys.executable).parent / "py-spy"
+
 
 async def eventually(
     probe: Callable[[], Awaitable[T | None]], what: str, timeout: float, interval: float = 0.25
@@ -295,7 +298,7 @@ async def bench_stack(
         if flamegraph is not None:
             spy = spawn(
                 [
-                    str(Path(sys.executable).parent / "py-spy"),
+                    str(PY_SPY),
                     "record",
                     "--nonblocking",
                     "--rate",
