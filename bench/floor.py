@@ -22,6 +22,11 @@ from temporalio.worker import Worker
 
 from worker.settings import Settings
 
+_OURS = {
+    name: Settings.model_fields[name].default
+    for name in ("max_concurrent_activities", "max_concurrent_workflow_tasks", "max_cached_workflows")
+}
+
 
 @activity.defn
 async def trivial(step: int) -> int:
@@ -51,8 +56,11 @@ async def serve(address: str, namespace: str, task_queue: str) -> None:
         task_queue=task_queue,
         workflows=[TrivialWorkflow],
         activities=[trivial],
-        # As our worker (OSAC_MAX_CONCURRENT_ACTIVITIES default).
-        max_concurrent_activities=Settings.model_fields["max_concurrent_activities"].default,
+        # Tuned as our worker is by default. With the SDK's own defaults (100 workflow tasks at
+        # once) 500 trivial workflows at once drove this worker past its task timeouts too.
+        max_concurrent_activities=_OURS["max_concurrent_activities"],
+        max_concurrent_workflow_tasks=_OURS["max_concurrent_workflow_tasks"],
+        max_cached_workflows=_OURS["max_cached_workflows"],
         graceful_shutdown_timeout=timedelta(seconds=1),
     ):
         await stop.wait()
