@@ -20,7 +20,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from worker.settings import Settings
+# Passed through: the sandbox re-imports this module for every workflow instance, and importing the
+# worker's settings (pydantic-settings) afresh each time made the baseline itself CPU-bound.
+with workflow.unsafe.imports_passed_through():
+    from worker.settings import Settings
 
 _OURS = {
     name: Settings.model_fields[name].default
