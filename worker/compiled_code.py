@@ -53,7 +53,3 @@ def compile_once(packages: Sequence[str] = ("workflows",)) -> None:
             return
     sys.meta_path.insert(0, _CompiledOnceFinder(frozenset(packages)))
 
-
-def compilations() -> int:
-    """How many source files were compiled through this hook (for tests and diagnostics)."""
-    return len(_codes)
