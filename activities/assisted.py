@@ -960,7 +960,11 @@ class AssistedActivities:
     @activity.defn(name=HubActivity.MARK_AGENT_REMOVING.value)
     async def mark_agent_removing(self, agent: AgentRef) -> MarkRemovingResult:
         """Label the Agent as leaving, so it no longer counts towards its NodePool's replicas."""
-        current = await self._kube.get_optional(AGENTS, agent.namespace, agent.name)
+        return await self._mark_removing(
+            agent, await self._kube.get_optional(AGENTS, agent.namespace, agent.name)
+        )
+
+    async def _mark_removing(self, agent: AgentRef, current: KubeObject | None) -> MarkRemovingResult:
         if current is None:
             return MarkRemovingResult(agent=agent, found=False, changed=False)
         if labels_of(current).get(REMOVING_LABEL) == "true":
@@ -1022,8 +1026,9 @@ class AssistedActivities:
         unbound, sync the replicas again for any Agent held back by the removal, then delete the
         Agent and the host's stale registrations.
         Deadline: non-retryable AgentUnbindingTimeout (the workflow shows it and calls again)."""
-        await annotate_machine(self._kube, input.agent)
-        await self.mark_agent_removing(input.agent)
+        current = await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
+        await annotate_machine(self._kube, input.agent, current)
+        await self._mark_removing(input.agent, current)
         await sync_replicas(self._kube, input.nodepool)
         await self.wait_agent_unbound(
             WaitAgentUnboundInput(agent=input.agent, deadline=input.deadline, nodepool=input.nodepool)

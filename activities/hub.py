@@ -41,6 +41,7 @@ from activities.kube import (
 )
 from contracts.activities import HubActivity
 from contracts.hub import (
+    AGENT_MACHINE_NAMESPACE_ANNOTATION,
     AGENT_MACHINE_REF_LABEL,
     DELETE_MACHINE_ANNOTATION,
     EVENT_COMPONENT,
@@ -405,11 +406,31 @@ async def sync_replicas(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
     )
 
 
-async def annotate_machine(kube: HubKube, agent: AgentRef) -> MachineAnnotation:
-    """Mark the Machine running on this Agent so CAPI removes it first on scale-down."""
+async def machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject | None) -> list[KubeObject]:
+    """The Machines whose providerID names this Agent.
+
+    The provider's references on the Agent (label agentMachineRef, annotation agentMachineRefNamespace)
+    lead to its Machine with one read (CAPI since 1.7 names a Machine's AgentMachine after it). Without
+    them, or when the Machine of that name runs another host, the Machines of that namespace (or of
+    every namespace) are listed: on a hub with many workers, the bulk of a scale-down's traffic."""
     provider_id = f"agent://{agent.name}"
-    listing = await kube.list(MACHINES)
-    machines = [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+    name = labels_of(agent_object).get(AGENT_MACHINE_REF_LABEL) if agent_object else None
+    annotations = meta(agent_object).get("annotations") if agent_object else None
+    namespace = annotations.get(AGENT_MACHINE_NAMESPACE_ANNOTATION) if isinstance(annotations, dict) else None
+    if name and namespace:
+        machine = await kube.get_optional(MACHINES, str(namespace), str(name))
+        if machine is not None and dig(machine, "spec", "providerID") == provider_id:
+            return [machine]
+    listing = await kube.list(MACHINES, str(namespace) if namespace else None)
+    return [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+
+
+async def annotate_machine(
+    kube: HubKube, agent: AgentRef, agent_object: KubeObject | None
+) -> MachineAnnotation:
+    """Mark the Machine running on this Agent (as last read: `agent_object`, None if gone) so CAPI
+    removes it first on scale-down."""
+    machines = await machines_on(kube, agent, agent_object)
     if not machines:
         return MachineAnnotation(agent=agent)
     result = MachineAnnotation(agent=agent)
@@ -507,7 +528,8 @@ class HubActivities:
 
     @activity.defn(name=HubActivity.ANNOTATE_MACHINE_FOR_DELETION.value)
     async def annotate_machine_for_deletion(self, agent: AgentRef) -> MachineAnnotation:
-        return await annotate_machine(self._kube, agent)
+        current = await self._kube.get_optional(AGENTS, agent.namespace, agent.name)
+        return await annotate_machine(self._kube, agent, current)
 
     @activity.defn(name=HubActivity.PUBLISH_ORDER_STATUS.value)
     async def publish_order_status(self, input: PublishStatusInput) -> PublishStatusResult:

@@ -25,10 +25,8 @@ from temporalio.worker import Worker
 with workflow.unsafe.imports_passed_through():
     from worker.settings import Settings
 
-_OURS = {
-    name: Settings.model_fields[name].default
-    for name in ("max_concurrent_activities", "max_concurrent_workflow_tasks", "max_cached_workflows")
-}
+# Our worker's default tuning, not read from the environment.
+_OURS = Settings.model_construct().workflow_worker_tuning()
 
 
 @activity.defn
@@ -61,9 +59,7 @@ async def serve(address: str, namespace: str, task_queue: str) -> None:
         activities=[trivial],
         # Tuned as our worker is by default. With the SDK's own defaults (100 workflow tasks at
         # once) 500 trivial workflows at once drove this worker past its task timeouts too.
-        max_concurrent_activities=_OURS["max_concurrent_activities"],
-        max_concurrent_workflow_tasks=_OURS["max_concurrent_workflow_tasks"],
-        max_cached_workflows=_OURS["max_cached_workflows"],
+        **_OURS,
         graceful_shutdown_timeout=timedelta(seconds=1),
     ):
         await stop.wait()
@@ -75,9 +71,7 @@ async def run_floor(client: Client, task_queue: str, workflows: int, activities:
     started = time.monotonic()
     handles = await asyncio.gather(
         *(
-            client.start_workflow(
-                TrivialWorkflow.run, activities, id=f"{prefix}-{i}", task_queue=task_queue
-            )
+            client.start_workflow(TrivialWorkflow.run, activities, id=f"{prefix}-{i}", task_queue=task_queue)
             for i in range(workflows)
         )
     )

@@ -29,6 +29,8 @@ WORKER_LABEL = "osac.openshift.io/worker"
 REMOVING_LABEL = "osac.openshift.io/removing"
 INFRAENV_LABEL = "infraenvs.agent-install.openshift.io"
 AGENT_MACHINE_REF_LABEL = "agentMachineRef"
+# Set by the agent CAPI provider beside the label: the namespace of that AgentMachine (and its Machine).
+AGENT_MACHINE_NAMESPACE_ANNOTATION = "agentMachineRefNamespace"
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MANAGEMENT_STATE_ANNOTATION = "osac.openshift.io/management-state"
 # Secret key assisted-service reads the pull secret from.

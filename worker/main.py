@@ -169,10 +169,8 @@ def build_workers(client: Client, settings: Settings, backends: Backends) -> lis
         task_queue=settings.task_queue,
         workflows=list(WORKFLOWS),
         activities=backends.hub_activities(),
-        max_cached_workflows=settings.max_cached_workflows,
-        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
-        max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=shutdown,
+        **settings.workflow_worker_tuning(),
     )
     bmaas = Worker(
         client,

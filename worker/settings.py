@@ -10,7 +10,9 @@ Three groups, each read on its own so a process only validates what it uses:
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,6 +54,11 @@ class Settings(BaseSettings):
     # Workflow tasks processed at once. They share one interpreter (the GIL): beyond a few, more only
     # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
     max_concurrent_workflow_tasks: int = Field(default=16, ge=2)
+    # How long a task for a cached workflow waits for this process before the server gives it to
+    # any worker instead: a timeout adds two events and a full replay, and puts the task at the back
+    # of the shared queue. It matters after a crash only for the tasks queued at that moment: the
+    # server sends later ones to the shared queue once nobody has polled the process's queue for 10 s.
+    sticky_queue_timeout_seconds: float = Field(default=60.0, gt=0)
     # How long a worker report waits for others to the same cluster workflow, so a burst of phase
     # changes reaches it in a few signals (each wakes it: history events). 0: send at once.
     report_batch_window_seconds: float = Field(default=DEFAULT_BATCH_WINDOW_S, ge=0, le=5)
@@ -67,6 +74,16 @@ class Settings(BaseSettings):
     health_bind: str | None = Field(
         default=None, description="host:port of the /healthz and /readyz probes; off when unset"
     )
+
+
+    def workflow_worker_tuning(self) -> dict[str, Any]:
+        """The capacity options of the worker that runs the workflows (`temporalio.worker.Worker`)."""
+        return {
+            "max_cached_workflows": self.max_cached_workflows,
+            "max_concurrent_workflow_tasks": self.max_concurrent_workflow_tasks,
+            "sticky_queue_schedule_to_start_timeout": timedelta(seconds=self.sticky_queue_timeout_seconds),
+            "max_concurrent_activities": self.max_concurrent_activities,
+        }
 
 
 class CodecSettings(BaseSettings):

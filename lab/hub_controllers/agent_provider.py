@@ -7,10 +7,11 @@ NodePool's namespace):
   `cluster.x-k8s.io/cluster-name`) until there are `spec.replicas`; each pending Machine claims one
   Agent that matches the selector and is approved, `Validated=True`, `Connected=True`, `Bound=False`
   and not being deleted, by a compare-and-swap update (PUT with the Agent's resourceVersion) that
-  sets label `agentMachineRef=<machine>` and `spec.clusterDeploymentName = {name: <clusterName>,
-  namespace: <nodepool namespace>}`; then the Machine gets `spec.providerID: agent://<agent>`.
+  sets label `agentMachineRef=<machine>`, annotation `agentMachineRefNamespace=<its namespace>` and
+  `spec.clusterDeploymentName = {name: <clusterName>, namespace: <nodepool namespace>}`; then the
+  Machine gets `spec.providerID: agent://<agent>`.
 - scale down: victims are Machines annotated `cluster.x-k8s.io/delete-machine` first, then Machines
-  without a joined node, then random (seeded); each victim's Agent is unbound (label and
+  without a joined node, then random (seeded); each victim's Agent is unbound (label, annotation and
   `clusterDeploymentName` removed, never deleted) and the Machine deleted.
 - an Agent that is deleted (or stops being claimed) takes its Machine with it; CAPI then creates a
   replacement if replicas still ask for it. A claimed Agent whose Machine vanished is released.
@@ -357,6 +358,10 @@ class NodePoolController(Controller):
                     **(agent["metadata"].get("labels") or {}),
                     Label.AGENT_MACHINE_REF.value: _name(machine),
                 },
+                "annotations": {
+                    **(agent["metadata"].get("annotations") or {}),
+                    Annotation.AGENT_MACHINE_REF_NAMESPACE.value: machine["metadata"]["namespace"],
+                },
             }
             claimed["spec"] = {
                 **agent.get("spec", {}),
@@ -391,6 +396,9 @@ class NodePoolController(Controller):
             fresh["metadata"]["labels"] = {
                 k: v for k, v in labels.items() if k != Label.AGENT_MACHINE_REF.value
             }
+            annotations = fresh["metadata"].get("annotations") or {}
+            annotations.pop(Annotation.AGENT_MACHINE_REF_NAMESPACE.value, None)
+            fresh["metadata"]["annotations"] = annotations
             fresh.setdefault("spec", {}).pop("clusterDeploymentName", None)
             return fresh
 

@@ -163,6 +163,8 @@ class Label(StrEnum):
 class Annotation(StrEnum):
     DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"
     MANAGEMENT_STATE = "osac.openshift.io/management-state"
+    # The agent CAPI provider's companion of the agentMachineRef label: the AgentMachine's namespace.
+    AGENT_MACHINE_REF_NAMESPACE = "agentMachineRefNamespace"
 
 
 UNMANAGED = "unmanaged"

@@ -325,6 +325,42 @@ async def test_annotate_machine_for_deletion(api, api_hub_acts, kit):
     assert nothing.machine is None
 
 
+async def test_the_machine_is_read_from_the_providers_references_on_the_agent(
+    api, api_kube, api_hub_acts, kit
+):
+    """The provider's label and annotation on the Agent lead to its Machine with one read, no list of
+    every Machine; a reference naming another Machine (an AgentMachine named apart from its Machine)
+    falls back to a list of that namespace, still matched by providerID."""
+    machine(api, "np-abcde", "host-a")
+    machine(api, "np-fghij", "host-b")
+    for agent, ref in (("host-a", "np-abcde"), ("host-b", "agentmachine-b")):
+        api.agent(agent, kit.random_macs(1))
+        api.patch(
+            "Agent",
+            agent,
+            {
+                "metadata": {
+                    "labels": {"agentMachineRef": ref},
+                    "annotations": {"agentMachineRefNamespace": api.ns},
+                }
+            },
+        )
+    lists = api_kube.stats.requests["list"]
+    direct = await kit.run()(
+        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-a")
+    )
+    assert direct.machine == "np-abcde" and direct.changed
+    assert api_kube.stats.requests["list"] == lists
+    listed = await kit.run()(
+        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-b")
+    )
+    assert listed.machine == "np-fghij" and listed.machine_namespace == api.ns and listed.changed
+    assert api_kube.stats.requests["list"] == lists + 1
+    assert (
+        api.get("Machine", "np-fghij")["metadata"]["annotations"]["cluster.x-k8s.io/delete-machine"] == "true"
+    )
+
+
 def claim(api, name: str) -> None:
     api.patch(
         "Agent",

@@ -19,6 +19,7 @@ from lab.hub_controllers.testing import (
 
 SELECTOR = {"osac.openshift.io/clusterorder": "o1", "osac.openshift.io/resource_class": "bm-standard"}
 MACHINE_REF = "agentMachineRef"
+MACHINE_NAMESPACE = "agentMachineRefNamespace"
 
 
 def _node_pool(lab: Lab, ns: str, replicas: int = 0) -> None:
@@ -76,6 +77,7 @@ def test_scale_up_claims_installs_and_scale_down_releases_the_marked_machine(lab
     (agent_name, machine_name), *_ = claimed.items()
     agent = wait_state(lab.client, ns, agent_name, HostState.ADDED_TO_EXISTING_CLUSTER)
     assert agent["spec"]["clusterDeploymentName"] == {"name": "c1", "namespace": ns}
+    assert agent["metadata"]["annotations"][MACHINE_NAMESPACE] == ns
     assert (condition(agent, "Bound") or {}).get("status") == "True"
     machine = lab.client.get(MACHINES, ns, machine_name)
     assert machine is not None and machine["spec"]["providerID"] == f"agent://{agent_name}"
@@ -100,6 +102,7 @@ def test_scale_up_claims_installs_and_scale_down_releases_the_marked_machine(lab
     _scale(lab, ns, 1)
     released = wait_state(lab.client, ns, victim[0], HostState.UNBINDING_PENDING_USER_ACTION)
     assert MACHINE_REF not in released["metadata"].get("labels", {})
+    assert MACHINE_NAMESPACE not in (released["metadata"].get("annotations") or {})
     assert "clusterDeploymentName" not in released["spec"]
     assert (condition(released, "Bound") or {}).get("reason") == "UnbindingPendingUserAction"
     wait_until(lambda: lab.client.get(MACHINES, ns, victim[1]) is None, "the marked Machine to go")
