@@ -15,6 +15,7 @@ import random
 import re
 import socket
 import time
+import weakref
 from typing import Any
 
 from temporalio import activity
@@ -333,7 +334,46 @@ def nodepool_selector(nodepool: KubeObject) -> dict[str, str]:
     return {str(k): str(v) for k, v in selector.items()}
 
 
+class _NodePoolSyncs:
+    """The replica syncs of one NodePool in this process: one at a time, callers joining the next.
+
+    A burst of hand-offs to one NodePool made every worker sync on its own: all but one of each
+    round lost the compare-and-swap and read again, which grew quadratically (the hub's busiest
+    requests at 500 workers). A sync that starts after a caller's change counts it, so every caller
+    waiting while one runs shares the single sync that starts next."""
+
+    def __init__(self) -> None:
+        self.running = asyncio.Lock()
+        self.next: asyncio.Future[ReplicaSync] | None = None
+
+
+_syncs: weakref.WeakKeyDictionary[HubKube, dict[tuple[str, str], _NodePoolSyncs]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def sync_replicas(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
+    """`sync_replicas_now`, coalesced per NodePool within the process (see _NodePoolSyncs)."""
+    per_pool = _syncs.setdefault(kube, {})
+    syncs = per_pool.setdefault((nodepool.namespace, nodepool.name), _NodePoolSyncs())
+    if syncs.next is None:
+        syncs.next = asyncio.ensure_future(_sync_after_the_running_one(syncs, kube, nodepool))
+        # Every joiner may have been cancelled: the error is still theirs to retry, not to log here.
+        syncs.next.add_done_callback(lambda done: done.cancelled() or done.exception())
+    # Shielded: a caller cancelled (its activity) leaves the sync to the others who joined it.
+    result = await asyncio.shield(syncs.next)
+    return result.model_copy(deep=True)
+
+
+async def _sync_after_the_running_one(
+    syncs: _NodePoolSyncs, kube: HubKube, nodepool: NodePoolRef
+) -> ReplicaSync:
+    async with syncs.running:
+        syncs.next = None  # callers from now on may have changed Agents after this list: next one
+        return await sync_replicas_now(kube, nodepool)
+
+
+async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
     """Level-based: replicas = the Agents handed to the NodePool now, from a fresh list.
 
     Removal first: while an Agent marked for removal still holds its Machine, only the handed

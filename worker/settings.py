@@ -47,10 +47,11 @@ class Settings(BaseSettings):
     # behind them. The calls themselves are bounded by blocking_threads and the BMaaS start rate.
     max_concurrent_activities: int = Field(default=2000, gt=0)
     blocking_threads: int = Field(default=32, gt=0)
-    # Workflows kept in memory between tasks. Ready workers wait for days without a task, so a
-    # cache far smaller than the workers held bounds memory; an evicted worker replays its short
-    # history when its next event comes (see bench/README.md for the figures).
-    max_cached_workflows: int = Field(default=100, ge=0)
+    # Workflows kept in memory between tasks: the workers in flight at once should fit, or nearly
+    # every task replays its history in a new sandbox (500 workers in flight with a cache of 100:
+    # the worker's CPU +70 %). Ready workers wait for days without a task and drop out first;
+    # 1,000 Ready held in 365 MB with 500 (bench/README.md).
+    max_cached_workflows: int = Field(default=500, ge=0)
     # Workflow tasks processed at once. They share one interpreter (the GIL): beyond a few, more only
     # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
     max_concurrent_workflow_tasks: int = Field(default=16, ge=2)

@@ -284,6 +284,29 @@ async def test_concurrent_hand_offs_and_syncs_converge_on_the_level(
     assert not gone.nodepool_found
 
 
+async def test_concurrent_replica_syncs_of_one_nodepool_share_one_read_and_write(
+    api, api_kube, api_hub_acts, kit
+):
+    """A burst of syncs on one NodePool (a burst of hand-offs) runs as one sync at a time, each
+    caller joining the next one to start, so it still counts what the caller changed before."""
+    api.nodepool("np", SELECTOR)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    for i in range(4):
+        api.agent(f"host-{i}", kit.random_macs(), labels=SELECTOR, approved=True)
+    lists = api_kube.stats.requests["list"]
+    syncs = await asyncio.gather(*(kit.run()(api_hub_acts.sync_nodepool_replicas, pool) for _ in range(20)))
+    assert {s.replicas for s in syncs} == {4}
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 4
+    assert api_kube.stats.requests["list"] - lists <= 2  # one running, at most one more joined
+    # A change made while a sync runs is counted by the one its caller joins.
+    first = asyncio.ensure_future(kit.run()(api_hub_acts.sync_nodepool_replicas, pool))
+    await asyncio.sleep(0)
+    api.agent("host-4", kit.random_macs(), labels=SELECTOR, approved=True)
+    second = await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)
+    await first
+    assert second.replicas == 5 and api.get("NodePool", "np")["spec"]["replicas"] == 5
+
+
 # ---------------------------------------------------------------------------------------------
 # Scale-down: the Machine, unbinding, deletion
 
