@@ -48,9 +48,9 @@ class Settings(BaseSettings):
     max_concurrent_activities: int = Field(default=2000, gt=0)
     blocking_threads: int = Field(default=32, gt=0)
     # Workflows kept in memory between tasks: the workers in flight at once should fit, or nearly
-    # every task replays its history in a new sandbox (500 workers in flight with a cache of 100:
-    # the worker's CPU +70 %). Ready workers wait for days without a task and drop out first;
-    # 1,000 Ready held in 365 MB with 500 (bench/README.md).
+    # every task replays its history in a new sandbox (500 workers in flight: the worker's CPU
+    # 263 s with a cache of 100, 216 s with 500). Ready workers wait for days without a task and
+    # drop out first; 1,000 Ready held in 365 MB with 500 (bench/README.md).
     max_cached_workflows: int = Field(default=500, ge=0)
     # Workflow tasks processed at once. They share one interpreter (the GIL): beyond a few, more only
     # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
@@ -75,7 +75,6 @@ class Settings(BaseSettings):
     health_bind: str | None = Field(
         default=None, description="host:port of the /healthz and /readyz probes; off when unset"
     )
-
 
     def workflow_worker_tuning(self) -> dict[str, Any]:
         """The capacity options of the worker that runs the workflows (`temporalio.worker.Worker`)."""
