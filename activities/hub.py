@@ -446,7 +446,7 @@ async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync
     )
 
 
-async def machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject | None) -> list[KubeObject]:
+async def _machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject | None) -> list[KubeObject]:
     """The Machines whose providerID names this Agent.
 
     The provider's references on the Agent (label agentMachineRef, annotation agentMachineRefNamespace)
@@ -454,9 +454,8 @@ async def machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject |
     them, or when the Machine of that name runs another host, the Machines of that namespace (or of
     every namespace) are listed: on a hub with many workers, the bulk of a scale-down's traffic."""
     provider_id = f"agent://{agent.name}"
-    name = labels_of(agent_object).get(AGENT_MACHINE_REF_LABEL) if agent_object else None
-    annotations = meta(agent_object).get("annotations") if agent_object else None
-    namespace = annotations.get(AGENT_MACHINE_NAMESPACE_ANNOTATION) if isinstance(annotations, dict) else None
+    name = dig(agent_object or {}, "metadata", "labels", AGENT_MACHINE_REF_LABEL)
+    namespace = dig(agent_object or {}, "metadata", "annotations", AGENT_MACHINE_NAMESPACE_ANNOTATION)
     if name and namespace:
         machine = await kube.get_optional(MACHINES, str(namespace), str(name))
         if machine is not None and dig(machine, "spec", "providerID") == provider_id:
@@ -470,7 +469,7 @@ async def annotate_machine(
 ) -> MachineAnnotation:
     """Mark the Machine running on this Agent (as last read: `agent_object`, None if gone) so CAPI
     removes it first on scale-down."""
-    machines = await machines_on(kube, agent, agent_object)
+    machines = await _machines_on(kube, agent, agent_object)
     if not machines:
         return MachineAnnotation(agent=agent)
     result = MachineAnnotation(agent=agent)

@@ -25,9 +25,6 @@ from temporalio.worker import Worker
 with workflow.unsafe.imports_passed_through():
     from worker.settings import Settings
 
-# Our worker's default tuning, not read from the environment.
-_OURS = Settings.model_construct().workflow_worker_tuning()
-
 
 @activity.defn
 async def trivial(step: int) -> int:
@@ -59,7 +56,7 @@ async def serve(address: str, namespace: str, task_queue: str) -> None:
         activities=[trivial],
         # Tuned as our worker is by default. With the SDK's own defaults (100 workflow tasks at
         # once) 500 trivial workflows at once drove this worker past its task timeouts too.
-        **_OURS,
+        **Settings.model_construct().workflow_worker_tuning(),  # the defaults, not the environment
         graceful_shutdown_timeout=timedelta(seconds=1),
     ):
         await stop.wait()
