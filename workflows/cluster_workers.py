@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -63,6 +64,14 @@ T = TypeVar("T")
 
 class CommandRejected(ValueError):
     """A command that is invalid as a whole; its message names the field and the reason."""
+
+
+class ClusterPatch(StrEnum):
+    """Behaviour changes guarded by `workflow.patched`, so histories recorded before them replay."""
+
+    # A worker named by `scale_down_worker` leaves even when the count change it made was offset by
+    # a scale-up in the same workflow task.
+    NAMED_WORKERS_ALWAYS_LEAVE = "named-workers-always-leave"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -349,21 +358,19 @@ class ClusterWorkersWorkflow:
             desired: dict[str, int] = {}
         else:
             desired = {name: n.count for name, n in self._node_sets.items()}
-        starts = []
-        if self._cluster is not None and self._facts is not None and not self._decommissioning:
-            for name in sorted(desired):
-                active = [s for s in self._slots.values() if s.spec.node_set == name and _active(s)]
-                for _ in range(desired[name] - len(active)):
-                    starts.append(self._new_slot(self._node_sets[name]))
-        victims: list[SlotRecord] = []
-        node_set_names = sorted({s.spec.node_set for s in self._slots.values()})
-        for name in node_set_names:
-            active = sorted(
-                (s for s in self._slots.values() if s.spec.node_set == name and _active(s)), key=_victim_rank
-            )
-            excess = len(active) - desired.get(name, 0)
-            victims.extend(active[: max(excess, 0)])
-        await asyncio.gather(*(self._start_child(slot) for slot in starts))
+        starts, victims = self._plan(desired, named_always_leave=False)
+        leaving = {v.spec.name for v in victims}
+        if any(
+            s.named_for_removal and _active(s) and s.spec.name not in leaving for s in self._slots.values()
+        ):
+            # A named worker whose count change was absorbed by a scale-up in the same task (or
+            # carried over a continue-as-new) was kept. Only such histories record the marker.
+            if workflow.patched(ClusterPatch.NAMED_WORKERS_ALWAYS_LEAVE.value):
+                starts, victims = self._plan(desired, named_always_leave=True)
+        new_slots = [
+            self._new_slot(self._node_sets[name]) for name in sorted(starts) for _ in range(starts[name])
+        ]
+        await asyncio.gather(*(self._start_child(slot) for slot in new_slots))
         for slot in victims:
             slot.scale_down_sent = True
         await asyncio.gather(
@@ -374,8 +381,28 @@ class ClusterWorkersWorkflow:
                 for slot in victims
             )
         )
-        if starts or victims:
+        if new_slots or victims:
             self._status_generation += 1
+
+    def _plan(
+        self, desired: dict[str, int], *, named_always_leave: bool
+    ) -> tuple[dict[str, int], list[SlotRecord]]:
+        """Slots to start per node set, and the slots to scale down (named ones first)."""
+        starts: dict[str, int] = {}
+        victims: list[SlotRecord] = []
+        can_start = self._cluster is not None and self._facts is not None and not self._decommissioning
+        for name in sorted(set(desired) | {s.spec.node_set for s in self._slots.values()}):
+            active = sorted(
+                (s for s in self._slots.values() if s.spec.node_set == name and _active(s)), key=_victim_rank
+            )
+            if named_always_leave:
+                victims.extend(s for s in active if s.named_for_removal)
+                active = [s for s in active if not s.named_for_removal]
+            want = desired.get(name, 0)
+            if can_start and name in desired and want > len(active):
+                starts[name] = want - len(active)
+            victims.extend(active[: max(len(active) - want, 0)])
+        return starts, victims
 
     def _new_slot(self, node_set: NodeSetRequest) -> SlotRecord:
         assert self._facts is not None and self._cluster is not None
