@@ -5,6 +5,7 @@ load). The named worker must still leave, and the count must still be met."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -14,14 +15,14 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage as LifecycleStage
 from temporalio.api.update.v1 import UpdateRef, WaitPolicy
 from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
-from temporalio.client import WorkflowUpdateStage
+from temporalio.client import WorkflowHistory, WorkflowUpdateStage
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, ScaleDownWorker, SetNodeSets
 from tests.workflows.stack import Stack, eventually, running_stack
 from worker.main import run_worker
-from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,15 @@ async def worker_running(stack: Stack) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+def _patches(history: WorkflowHistory) -> list[str]:
+    ids = []
+    for event in history.events:
+        marker = event.marker_recorded_event_attributes
+        if event.HasField("marker_recorded_event_attributes") and marker.marker_name == "core_patch":
+            ids.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
+    return ids
 
 
 async def _admitted(stack: Stack, workflow_id: str, update_id: str) -> bool:
@@ -100,8 +110,8 @@ async def test_a_named_worker_leaves_when_a_scale_up_arrives_in_the_same_task(st
         # The SDK applies the signal (2 - 1) before the update (3); the other order would leave 3 - 1.
         assert status.desired_workers in (2, 3)
         history = await handle.fetch_history()
-        markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
-        assert len(markers) == 1  # the patch, recorded only where the old plan would keep the named worker
+        # The patch is recorded only where the old plan would have kept the named worker.
+        assert _patches(history).count(ClusterPatch.NAMED_WORKERS_ALWAYS_LEAVE) == 1
 
         final = await stack.decommission_and_wait(order)
     assert final.finished and final.workers == []

@@ -159,11 +159,12 @@ async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[Workflow
 
 
 def _recorded() -> list[WorkflowHistory]:
-    """The current code's histories, and those of workers started by earlier releases (revision-1:
-    WorkerRevision.SIGNALLED_REPORTS), which workers still running at an upgrade have."""
+    """The current code's histories, and those started by earlier releases, which workflows still
+    running at an upgrade have: revision-1 (WorkerRevision.SIGNALLED_REPORTS) and revision-2
+    (ACTIVITY_REPORTS, before the cluster workflow's `ClusterPatch`es)."""
     files = sorted(HISTORIES.glob("**/*.json"))
     names = {str(f.relative_to(HISTORIES).with_suffix("")) for f in files}
-    expected = {f"{prefix}{kind}" for prefix in ("", "revision-1/") for kind in ("cluster-workers", "worker")}
+    expected = {f"{prefix}{kind}" for prefix in ("", "revision-1/", "revision-2/") for kind in ("cluster-workers", "worker")}
     assert names == expected, "recorded histories are missing"
     return [
         WorkflowHistory.from_json(f"recorded/{f.relative_to(HISTORIES).with_suffix('')}", f.read_text())
