@@ -37,7 +37,6 @@ from enum import StrEnum
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import orjson
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -197,13 +196,6 @@ class HubAuthError(HubApiError):
 
 class HubGone(HubApiError):
     """410 Gone: a resourceVersion too old to watch from."""
-
-
-def decode_json(data: bytes | str) -> Any:
-    """orjson: faster than json on the hub's Agent lists, a fifth of the worker's CPU (bench/README.md
-    round 5). Integers past 64 bits become floats, as the API server itself reads them; malformed
-    input raises a ValueError (orjson.JSONDecodeError), as json does."""
-    return orjson.loads(data)
 
 
 class HubUnavailable(HubApiError):
@@ -426,7 +418,7 @@ class HubKube:
             error.body = data.decode("utf-8", "replace") if data else None
             raise map_api_exception(error, verb, resource, namespace, name) from None
         try:
-            parsed = decode_json(data) if data else {}
+            parsed = json.loads(data) if data else {}
         except ValueError:
             raise HubUnavailable(
                 f"hub {verb} {resource.kind}: response is not JSON",
@@ -1019,7 +1011,7 @@ class Informer:
                 line = await loop.run_in_executor(stream_thread, next, lines, None)
                 if line is None:
                     return self._delivered
-                self._apply(decode_json(line))
+                self._apply(json.loads(line))
                 self._delivered += 1
         finally:
             self._response = None

@@ -21,7 +21,6 @@ from activities.kube import (
     HubNotFound,
     HubUnavailable,
     WaitTimedOut,
-    decode_json,
 )
 from contracts.hub import HubErrorType, WaitAgentInput
 from lab.http_server import free_port
@@ -355,12 +354,3 @@ async def test_a_keyed_waiter_hears_only_of_its_objects_and_reads_them_from_the_
     assert informer.indexed("elsewhere", ["team=red"]) == []
     with pytest.raises(ValueError, match="namespace"):
         await informer.wait(lambda: True, keys=["team=red"])
-
-
-def test_hub_json_is_decoded_as_the_api_server_reads_it() -> None:
-    assert decode_json(b'{"items": [{"a": 1.5, "b": "\\u00e9"}]}') == {"items": [{"a": 1.5, "b": "é"}]}
-    # Kubernetes keeps numbers to int64 or float64: a larger integer is a float, as there.
-    assert decode_json('{"n": 123456789012345678901234567890}') == {"n": 1.2345678901234568e29}
-    # Garbage is a ValueError, which the wrapper turns into a retryable protocol error.
-    with pytest.raises(ValueError):
-        decode_json(b"<html>")
