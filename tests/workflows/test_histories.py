@@ -164,7 +164,8 @@ def _recorded() -> list[WorkflowHistory]:
     (ACTIVITY_REPORTS, before the cluster workflow's `ClusterPatch`es)."""
     files = sorted(HISTORIES.glob("**/*.json"))
     names = {str(f.relative_to(HISTORIES).with_suffix("")) for f in files}
-    expected = {f"{prefix}{kind}" for prefix in ("", "revision-1/", "revision-2/") for kind in ("cluster-workers", "worker")}
+    prefixes = ("", "revision-1/", "revision-2/")
+    expected = {f"{prefix}{kind}" for prefix in prefixes for kind in ("cluster-workers", "worker")}
     assert names == expected, "recorded histories are missing"
     return [
         WorkflowHistory.from_json(f"recorded/{f.relative_to(HISTORIES).with_suffix('')}", f.read_text())
