@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from contracts.activities import HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
 from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack
@@ -142,6 +143,28 @@ async def test_workers_report_through_their_activities(
         ], (name, phases)
         assert [r.deleted for r in reports] == [False] * 5 + [True]
         assert [r.sequence for r in reports] == list(range(1, 7)), name
+
+
+async def test_the_cluster_status_is_written_by_local_activities(
+    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
+) -> None:
+    """Each ClusterOrder status write is one marker in the cluster workflow's history: no activity
+    events, and none of the workers' statuses it carries."""
+    _, histories, _ = lifecycle
+    cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in cluster.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert HubActivity.PUBLISH_ORDER_STATUS.value not in scheduled
+    local = [
+        json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
+        for e in cluster.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    ]
+    assert local and set(local) == {HubActivity.PUBLISH_ORDER_STATUS.value}
 
 
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
