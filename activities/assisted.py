@@ -73,6 +73,7 @@ from contracts.hub import (
     PULL_SECRET_KEY,
     REMOVING_LABEL,
     WORKER_LABEL,
+    AgentHandOff,
     AgentInstalled,
     AgentMatch,
     AgentMatchProgress,
@@ -101,6 +102,7 @@ from contracts.hub import (
     WaitAgentInput,
     WaitAgentInstalledInput,
     WaitAgentUnboundInput,
+    WaitAndHandAgentInput,
     WatchAgentInput,
     normalize_mac,
 )
@@ -156,6 +158,14 @@ def mac_key(mac: str) -> str:
 def agent_index_keys(agent: KubeObject) -> list[str]:
     macs = agent_macs(agent)
     return [mac_key(mac) for mac in macs] if macs else [NO_INVENTORY_KEY]
+
+
+def handed_to(agent: KubeObject, worker: str) -> bool:
+    """Whether the Agent carries the hand-off of this worker slot (label, or the full-name annotation)."""
+    annotations = meta(agent).get("annotations") or {}
+    if annotations.get(WORKER_ANNOTATION) == worker:
+        return True
+    return labels_of(agent).get(WORKER_LABEL) == label_value(worker)
 
 
 def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
@@ -308,6 +318,7 @@ class AssistedActivities:
             self.watch_agent_for_macs,
             self.wait_agent_for_macs,
             self.hand_agent_to_nodepool,
+            self.wait_agent_and_hand,
             self.wait_agent_installed,
             self.mark_agent_removing,
             self.wait_agent_unbound,
@@ -726,6 +737,37 @@ class AssistedActivities:
 
         return await self._await_agent(input, on_tick, tick_seconds(self._heartbeat_every))
 
+    @activity.defn(name=HubActivity.WAIT_AGENT_AND_HAND.value)
+    @delivers_reports
+    async def wait_agent_and_hand(self, input: WaitAndHandAgentInput) -> AgentHandOff:
+        """wait_agent_for_macs, then at once hand_agent_to_nodepool: the host is approved as soon as
+        its Agent registers, with no workflow task between, and the wait costs the workflow the same
+        events however long it takes. An Agent that also reports MACs of none of the BMI's NICs is
+        returned unhanded: the workflow asks BMaaS whose they are first.
+
+        Once the Agent is matched the hand-off runs to its end even if the activity is cancelled
+        meanwhile, so the release that follows a cancellation finds it handed (and unbinds it), not
+        half-written by a request still in flight."""
+        match = await self.wait_agent_for_macs(input)
+        if match.unmatched_macs:
+            return AgentHandOff(match=match)
+        hand = asyncio.ensure_future(
+            self.hand_agent_to_nodepool(
+                HandAgentInput(
+                    agent=AgentRef(namespace=match.namespace, name=match.name),
+                    nodepool=input.nodepool,
+                    worker=input.worker,
+                    hostname=input.hostname,
+                )
+            )
+        )
+        try:
+            handed = await asyncio.shield(hand)
+        except asyncio.CancelledError:
+            await asyncio.wait([hand])
+            raise
+        return AgentHandOff(match=match, handed=handed)
+
     async def _await_agent(
         self, input: WaitAgentInput, on_tick: Callable[[], None] | None = None, tick: float = 10.0
     ) -> AgentMatch:
@@ -1040,24 +1082,38 @@ class AssistedActivities:
     @activity.defn(name=HubActivity.RELEASE_AGENT.value)
     @delivers_reports
     async def release_agent(self, input: ReleaseAgentInput) -> ReleasedAgents:
-        """Delete the worker's Agent (NotFound counts as success) and the host's stale registrations."""
+        """Delete the worker's Agent (NotFound counts as success) and the host's stale registrations.
+        With `input.worker`, an Agent handed to that worker is left for its unbind and returned in
+        `handed`: deleting it would leave its Machine and the NodePool's count behind."""
         result = ReleasedAgents()
         if input.agent is not None:
-            await self.delete_agent(input.agent)
-            result.deleted.append(input.agent.name)
+            current = (
+                await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
+                if input.worker is not None
+                else None
+            )
+            if current is not None and input.worker is not None and handed_to(current, input.worker):
+                result.handed.append(input.agent.name)
+            else:
+                await self.delete_agent(input.agent)
+                result.deleted.append(input.agent.name)
         if input.macs:
             stale = await self.release_stale_agents(
-                ReleaseStaleAgentsInput(infraenv=input.infraenv, order=input.order, macs=input.macs)
+                ReleaseStaleAgentsInput(
+                    infraenv=input.infraenv, order=input.order, macs=input.macs, worker=input.worker
+                )
             )
             result.deleted += [name for name in stale.deleted if name not in result.deleted]
             result.kept = stale.kept
+            result.handed += [name for name in stale.handed if name not in result.handed]
         return result
 
     @activity.defn(name=HubActivity.RELEASE_STALE_AGENTS.value)
     async def release_stale_agents(self, input: ReleaseStaleAgentsInput) -> ReleasedAgents:
         """Delete the unclaimed registrations of a host being released (a duplicate-MAC twin, or an
         Agent that registered after its worker stopped waiting), so a wiped host leaves nothing behind.
-        Agents that are approved, bound or handed to a worker are never touched."""
+        Agents that are approved, bound or handed to a worker are never touched; those handed to the
+        releasing worker (`input.worker`) are returned in `handed`, for the workflow to unbind."""
         ref, wanted = input.infraenv, set(input.macs)
         listing = await self._kube.list(AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}")
         result = ReleasedAgents()
@@ -1066,6 +1122,9 @@ class AssistedActivities:
             if meta(agent).get("deletionTimestamp") or not agent_macs(agent) & wanted:
                 continue
             if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
+                continue
+            if input.worker is not None and handed_to(agent, input.worker):
+                result.handed.append(name)
                 continue
             spec = agent.get("spec") or {}
             if spec.get("approved") or spec.get("clusterDeploymentName") or WORKER_LABEL in labels:

@@ -4,7 +4,9 @@ Change times come from the twins' own records and the harness's watches: BMI run
 fulfillment audit's HOST_BOOTED (written in the same step that makes the BMI RUNNING), BMI gone is
 HOST_RELEASED (same step as the object's removal), and the Agent changes are the first hub watch event
 that shows them. The orchestrator's next call is the start of the worker workflow's next activity
-(the history's ActivityTaskStarted time: the activity's first request goes out right then); where the
+(the history's ActivityTaskStarted time: the activity's first request goes out right then); for a
+registered Agent it is its approval (the hand-off's write, as the harness's watch first shows it),
+which the current workers make inside the activity that waited for the registration; where the
 worker workflow has no next call (installed, gone), it is the first ClusterOrder status write that
 shows the worker past the change (Ready or a later phase; left out once gone), which is the
 orchestrator's next hub request about it.
@@ -149,7 +151,7 @@ def measure(
             continue
         slot = slots[agent.worker]
         if agent.registered is not None:
-            add("agent_registered", agent.worker, agent.registered, slot.next_start(agent.registered))
+            add("agent_registered", agent.worker, agent.registered, agent.approved)
         if agent.installed is not None:
             add("agent_installed", agent.worker, agent.installed, status_ready.get(agent.worker))
         if agent.unbound is not None:

@@ -46,6 +46,7 @@ class AgentTimeline:
     name: str
     worker: str | None = None
     registered: float | None = None  # first seen with its NIC inventory (what correlation needs)
+    approved: float | None = None  # first seen approved (the hand-off's first write, after correlation)
     installed: float | None = None  # first seen claimed and installed (what wait_agent_installed needs)
     unbound: float | None = None  # first seen released and unbound after having been claimed
     was_claimed: bool = False
@@ -152,6 +153,8 @@ class HubObserver:
         interfaces = _dig(obj, "status", "inventory", "interfaces") or []
         if line.registered is None and any(isinstance(i, dict) and i.get("macAddress") for i in interfaces):
             line.registered = now
+        if line.approved is None and _dig(obj, "spec", "approved") is True:
+            line.approved = now
         state = _dig(obj, "status", "debugInfo", "state")
         bound_to = _dig(obj, "spec", "clusterDeploymentName", "name")
         claimed = (

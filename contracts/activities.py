@@ -30,6 +30,7 @@ class HubActivity(StrEnum):
     WATCH_AGENT_FOR_MACS = "watch_agent_for_macs"
     WAIT_AGENT_FOR_MACS = "wait_agent_for_macs"
     HAND_AGENT_TO_NODEPOOL = "hand_agent_to_nodepool"
+    WAIT_AGENT_AND_HAND = "wait_agent_and_hand"
     WAIT_AGENT_INSTALLED = "wait_agent_installed"
     MARK_AGENT_REMOVING = "mark_agent_removing"
     WAIT_AGENT_UNBOUND = "wait_agent_unbound"

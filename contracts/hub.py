@@ -418,14 +418,25 @@ class AgentMatchProgress(BaseModel):
     observed_via: str = "watch"
 
 
+# The worker slot's name; labelled as is when it fits a label value (63), else shortened with a
+# hash suffix (the full name is kept in an annotation).
+WORKER_NAME_PATTERN = r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$"
+
+
 class HandAgentInput(CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     agent: AgentRef
     nodepool: NodePoolRef
-    # The worker slot's name; labelled as is when it fits a label value (63), else shortened with a
-    # hash suffix (the full name is kept in an annotation).
-    worker: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
+    worker: str = Field(min_length=1, max_length=253, pattern=WORKER_NAME_PATTERN)
+    hostname: str | None = Field(default=None, max_length=253)
+
+
+class WaitAndHandAgentInput(WaitAgentInput, CarriesReport):
+    """wait_agent_and_hand: the wait's terms, and the hand-off that follows it at once."""
+
+    nodepool: NodePoolRef
+    worker: str = Field(min_length=1, max_length=253, pattern=WORKER_NAME_PATTERN)
     hostname: str | None = Field(default=None, max_length=253)
 
 
@@ -450,6 +461,14 @@ class HandAgentResult(BaseModel):
     changed: bool
     # The NodePool's replicas, synced right after the hand-off (see sync_replicas).
     replicas: ReplicaSync | None = None
+
+
+class AgentHandOff(BaseModel):
+    """wait_agent_and_hand's answer: the Agent, and the hand-off when it was made (None when the
+    Agent reports MACs of no NIC of the BMI: the workflow asks BMaaS whose they are first)."""
+
+    match: AgentMatch
+    handed: HandAgentResult | None = None
 
 
 class WaitAgentInstalledInput(CarriesReport):
@@ -518,6 +537,7 @@ class ReleaseStaleAgentsInput(BaseModel):
     infraenv: InfraEnvRef
     order: OrderRef
     macs: list[str] = Field(min_length=1)
+    worker: str | None = None  # as in ReleaseAgentInput
 
     @field_validator("macs")
     @classmethod
@@ -549,12 +569,17 @@ class ReleaseAgentInput(CarriesReport):
     infraenv: InfraEnvRef
     order: OrderRef
     macs: list[str] = Field(default_factory=list)
+    # The releasing worker slot: an Agent handed to it is not deleted but returned in `handed`, to
+    # be unbound first (a hand-off whose activity was cancelled before the workflow heard of it).
+    worker: str | None = None
 
 
 class ReleasedAgents(BaseModel):
     deleted: list[str] = Field(default_factory=list)
-    # Matching Agents that are approved, bound or handed to a worker: never touched, for operators.
+    # Matching Agents that are approved, bound or handed to another worker: never touched.
     kept: list[str] = Field(default_factory=list)
+    # Agents handed to the releasing worker (ReleaseAgentInput.worker): left for its unbind.
+    handed: list[str] = Field(default_factory=list)
 
 
 class DeleteResult(BaseModel):

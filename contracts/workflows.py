@@ -127,9 +127,13 @@ class WorkerRevision(IntEnum):
     # Status changes delivered by the activities that start or end a phase; the Agent lookup (a
     # read of the process's cache) runs as a local activity.
     ACTIVITY_REPORTS = 2
+    # One heartbeating activity waits for the host's Agent and hands it to the NodePool: no timer,
+    # signal or workflow task between registration and approval, the same events however long the
+    # host takes; the release unbinds an Agent that activity handed before it was cancelled.
+    AGENT_HANDED_IN_WAIT = 3
 
 
-CURRENT_WORKER_REVISION = WorkerRevision.ACTIVITY_REPORTS
+CURRENT_WORKER_REVISION = WorkerRevision.AGENT_HANDED_IN_WAIT
 
 
 class WorkerNodeInput(BaseModel):

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         WaitInstanceGoneInput,
     )
     from contracts.hub import (
+        AgentHandOff,
         AgentMatch,
         AgentRef,
         AgentWatch,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         ReleasedAgents,
         UnbindAgentInput,
         WaitAgentInstalledInput,
+        WaitAndHandAgentInput,
         WatchAgentInput,
     )
     from contracts.worker import (
@@ -104,6 +106,7 @@ class WorkerNodeWorkflow:
         self._input: WorkerNodeInput | None = None
         self._agent_registered: AgentRegistered | None = None
         self._reports_by_activities = False
+        self._hands_in_wait = False
         # The latest status change not yet handed to an activity or signalled.
         self._unsent: WorkerReport | None = None
         # The `deleted` report the last wipe wait delivers on success, so the end need not repeat it.
@@ -141,6 +144,7 @@ class WorkerNodeWorkflow:
     async def run(self, inp: WorkerNodeInput) -> WorkerNodeResult:
         self._input = inp
         self._reports_by_activities = inp.revision >= WorkerRevision.ACTIVITY_REPORTS
+        self._hands_in_wait = inp.revision >= WorkerRevision.AGENT_HANDED_IN_WAIT
         slot = inp.slot
         self._progress = inp.progress or WorkerProgress(
             status=WorkerStatus(node_set=slot.node_set, name=slot.name)
@@ -234,7 +238,7 @@ class WorkerNodeWorkflow:
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
             waiting_since = workflow.now()
-            match = await self._await_agent()
+            match = await (self._wait_and_hand() if self._hands_in_wait else self._await_agent())
             if match.unmatched_macs:
                 # Extra interfaces (a BMC's USB NIC) are normal; another BMI's NIC means the Agent is
                 # not unambiguously this host (osac-reference §4), so it is never bound.
@@ -256,15 +260,16 @@ class WorkerNodeWorkflow:
 
         if progress.status.phase == WorkerPhase.BINDING:
             agent = self._agent_ref()
-            await self._hub(
-                HubActivity.HAND_AGENT_TO_NODEPOOL,
-                HandAgentInput(
-                    agent=agent, nodepool=self._nodepool_ref(), worker=slot.name, hostname=slot.name
-                ),
-                None,
-                summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",
-            )
-            progress.agent_handed = True
+            if not progress.agent_handed:
+                await self._hub(
+                    HubActivity.HAND_AGENT_TO_NODEPOOL,
+                    HandAgentInput(
+                        agent=agent, nodepool=self._nodepool_ref(), worker=slot.name, hostname=slot.name
+                    ),
+                    None,
+                    summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",
+                )
+                progress.agent_handed = True
             ready = self._next_report(phase=WorkerPhase.READY)
             await self._hub(
                 HubActivity.WAIT_AGENT_INSTALLED,
@@ -283,10 +288,37 @@ class WorkerNodeWorkflow:
                 progress.provisioning_since = None
             self._set_phase(WorkerPhase.READY, delivered=ready)
 
+    async def _wait_and_hand(self) -> AgentMatch:
+        """WorkerRevision.AGENT_HANDED_IN_WAIT: one heartbeating activity waits (until the policy's
+        registration deadline) for the host's Agent and hands it to the NodePool at once, unless it
+        reports a NIC of no known host's (then the workflow checks with BMaaS and hands it itself)."""
+        progress, slot = self._state()
+        assert progress.bmi_id is not None
+        if progress.agent_deadline is None:  # first wait of this attempt (cleared with its BMI)
+            progress.agent_deadline = workflow.now() + self._policy().agent_registration_timeout
+        outcome = await self._hub(
+            HubActivity.WAIT_AGENT_AND_HAND,
+            WaitAndHandAgentInput(
+                infraenv=InfraEnvRef.for_order(slot.order),
+                order=slot.order,
+                macs=progress.macs,
+                deadline=progress.agent_deadline,
+                nodepool=self._nodepool_ref(),
+                worker=slot.name,
+                hostname=slot.name,
+            ),
+            AgentHandOff,
+            summary=f"Wait for the agent of {slot.name}, approve it and hand it to {slot.nodepool_name}",
+            wait=True,
+        )
+        progress.agent_handed = outcome.handed is not None
+        return outcome.match
+
     async def _await_agent(self) -> AgentMatch:
-        """Wait for the host's Agent on a durable timer (the policy's registration deadline), told
-        early by the watch that watch_agent_for_macs leaves running, and renewing that watch every
-        `agent_watch_renewal` in case its process went away. Nothing is in flight meanwhile."""
+        """WorkerRevision.ACTIVITY_REPORTS and earlier: wait for the host's Agent on a durable timer
+        (the policy's registration deadline), told early by the watch that watch_agent_for_macs
+        leaves running, and renewing that watch every `agent_watch_renewal` in case its process went
+        away. Nothing is in flight meanwhile."""
         progress, slot = self._state()
         assert progress.bmi_id is not None
         policy = self._policy()
@@ -401,19 +433,25 @@ class WorkerNodeWorkflow:
             progress.agent_name = None
             progress.agent_handed = False
         elif agent is not None or progress.macs:
-            await self._hub(
+            released = await self._hub(
                 HubActivity.RELEASE_AGENT,
                 ReleaseAgentInput(
                     agent=agent,
                     infraenv=InfraEnvRef.for_order(slot.order),
                     order=slot.order,
                     macs=progress.macs,
+                    worker=slot.name,
                 ),
                 ReleasedAgents,
                 summary=f"Delete the agent registrations of the host of {slot.name}",
             )
             progress.agent_name = None
             progress.agent_handed = False
+            for name in released.handed:
+                # Handed by a wait that was cancelled before it could say so: unbound like any other.
+                if progress.status.phase != WorkerPhase.FAILED:
+                    self._set_phase(WorkerPhase.UNBINDING)
+                await self._unbind(AgentRef(namespace=slot.order.namespace, name=name))
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot()

@@ -17,9 +17,11 @@ from contracts.hub import (
     HubErrorType,
     InfraEnvRef,
     NodePoolRef,
+    ReleaseAgentInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
     WaitAgentUnboundInput,
+    WaitAndHandAgentInput,
 )
 from contracts.refs import OrderRef
 
@@ -104,6 +106,101 @@ async def test_no_agent_by_the_deadline_times_out_and_a_retry_does_not_extend_it
     with pytest.raises(ApplicationError):
         await kit.run()(api_assisted.wait_agent_for_macs, request)
     assert loop.time() - started < 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Waiting and handing off in one activity (WorkerRevision.AGENT_HANDED_IN_WAIT)
+
+
+def wait_and_hand_input(api, macs: list[str], worker: str = "order-1-worker-0") -> WaitAndHandAgentInput:
+    return WaitAndHandAgentInput(
+        **wait_input(api, macs).model_dump(),
+        nodepool=NodePoolRef(namespace=api.ns, name="np"),
+        worker=worker,
+        hostname=worker,
+    )
+
+
+async def test_wait_and_hand_approves_the_agent_as_soon_as_it_registers(api, api_assisted, kit):
+    api.nodepool("np", SELECTOR)
+    macs = kit.random_macs(2)
+    run = kit.run()
+    task = run.start(api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs))
+    await run.first_heartbeat()
+    assert not task.done()
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 0
+    api.agent("host-a", macs)
+    outcome = await asyncio.wait_for(task, 30)
+    assert outcome.match == AgentMatch(namespace=api.ns, name="host-a", unmatched_macs=[])
+    assert outcome.handed is not None and outcome.handed.changed
+    assert outcome.handed.replicas is not None and outcome.handed.replicas.replicas == 1
+    agent = api.get("Agent", "host-a")
+    assert agent["spec"]["approved"] is True and agent["spec"]["hostname"] == "order-1-worker-0"
+    assert agent["metadata"]["annotations"]["osac.openshift.io/worker"] == "order-1-worker-0"
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 1
+    # A retry (the first attempt's completion lost) finds its own hand-off and changes nothing.
+    again = await kit.run()(api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs))
+    assert again.match.name == "host-a" and again.handed is not None and not again.handed.changed
+
+
+async def test_wait_and_hand_leaves_an_agent_reporting_a_foreign_nic_to_the_workflow(api, api_assisted, kit):
+    """Whose the other NIC is only BMaaS knows: the workflow asks before anything is handed."""
+    api.nodepool("np", SELECTOR)
+    macs, extra = kit.random_macs(2), kit.random_macs(1)[0]
+    api.agent("host-a", [*macs, extra])
+    outcome = await kit.run()(api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs))
+    assert outcome.match.unmatched_macs == [extra] and outcome.handed is None
+    assert api.get("Agent", "host-a")["spec"]["approved"] is False
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 0
+
+
+async def test_wait_and_hand_refuses_two_agents_with_the_hosts_macs(api, api_assisted, kit):
+    api.nodepool("np", SELECTOR)
+    macs = kit.random_macs(2)
+    api.agent("twin-1", [macs[0]])
+    api.agent("twin-2", [macs[1]])
+    with pytest.raises(ApplicationError) as ambiguous:
+        await kit.run()(api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs))
+    assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH and ambiguous.value.non_retryable
+    for name in ("twin-1", "twin-2"):
+        assert api.get("Agent", name)["spec"]["approved"] is False
+
+
+async def test_release_leaves_the_agent_handed_to_the_releasing_worker_for_its_unbind(
+    api, api_assisted, kit
+):
+    """A wait cancelled after its hand-off never told the workflow which Agent it handed: the
+    release finds it by the slot's mark, returns it to be unbound, and deletes only stale ones."""
+    api.nodepool("np", SELECTOR)
+    macs = kit.random_macs(2)
+    api.agent("host-a", macs)
+    await kit.run()(api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs))
+    api.agent("late-duplicate", macs[:1])  # registered after the hand-off: stale
+    other = kit.random_macs(1)
+    api.agent("host-b", other)
+    await kit.run()(
+        api_assisted.wait_agent_and_hand, wait_and_hand_input(api, other, worker="order-1-worker-1")
+    )
+    order = OrderRef(namespace=api.ns, name="order-1")
+
+    def release(agent: str | None, worker: str | None, host_macs: list[str]) -> ReleaseAgentInput:
+        return ReleaseAgentInput(
+            agent=AgentRef(namespace=api.ns, name=agent) if agent else None,
+            infraenv=InfraEnvRef.for_order(order),
+            order=order,
+            macs=host_macs,
+            worker=worker,
+        )
+
+    # Another worker's release never takes this worker's Agent: it is kept, as before.
+    kept = await kit.run()(api_assisted.release_agent, release(None, "order-1-worker-1", macs))
+    assert kept.handed == [] and kept.kept == ["host-a"] and kept.deleted == ["late-duplicate"]
+    released = await kit.run()(api_assisted.release_agent, release(None, "order-1-worker-0", macs))
+    assert released.handed == ["host-a"] and released.deleted == []
+    # Named, it is still left for the unbind rather than deleted.
+    named = await kit.run()(api_assisted.release_agent, release("host-b", "order-1-worker-1", other))
+    assert named.handed == ["host-b"] and named.deleted == []
+    assert api.get("Agent", "host-a") is not None and api.get("Agent", "host-b") is not None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,8 +34,8 @@ async def lifecycle(
 ) -> AsyncIterator[tuple[Stack, list[WorkflowHistory], list[str]]]:
     """One order through scale-up, a targeted scale-down and decommission; its closed histories."""
     async with running_stack(temporal_env.client, tmp_path_factory.mktemp("histories")) as stack:
-        # Agents register a little after the worker starts watching, so the watch's signal is in
-        # the histories (an Agent already there is taken without one).
+        # Agents register a little after the worker starts waiting, so the wait's heartbeats and
+        # the hand-off that follows the registration are in the histories.
         await stack.set_agent_faults({"slow_registration": {"rate": 1.0, "extra_delay_s": 2.0}})
         order = await stack.create_order({"bm-standard": 2})
         await stack.apply(order, {"bm-standard": 2})
@@ -86,19 +86,32 @@ async def test_no_secret_in_any_history(lifecycle: tuple[Stack, list[WorkflowHis
             assert secret not in decoded, f"a secret leaked into a payload of {history.workflow_id}"
 
 
-async def test_workers_hear_of_their_agent_by_signal(
+async def test_workers_wait_for_their_agent_and_hand_it_over_in_one_activity(
     lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
 ) -> None:
+    """No timer, signal or workflow task between the Agent's registration and its approval: the
+    wait and the hand-off are one activity (WorkerRevision.AGENT_HANDED_IN_WAIT)."""
     _, histories, _ = lifecycle
     workers = [h for h in histories if h.workflow_id.startswith("worker/")]
     assert len(workers) == 2
     for history in workers:
-        signals = [
+        scheduled = [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        assert scheduled[2:4] == [HubActivity.WAIT_AGENT_AND_HAND, HubActivity.WAIT_AGENT_INSTALLED], (
+            history.workflow_id,
+            scheduled,
+        )
+        assert HubActivity.HAND_AGENT_TO_NODEPOOL not in scheduled
+        signals = {
             e.workflow_execution_signaled_event_attributes.signal_name
             for e in history.events
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        ]
-        assert "agent_registered" in signals, (history.workflow_id, signals)
+        }
+        assert signals == {"scale_down"}, (history.workflow_id, signals)
+        assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
 
 
 def _signals(history: WorkflowHistory, name: str) -> list[bytes]:
@@ -183,11 +196,12 @@ async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[Workflow
 
 def _recorded() -> list[WorkflowHistory]:
     """The current code's histories, and those started by earlier releases, which workflows still
-    running at an upgrade have: revision-1 (WorkerRevision.SIGNALLED_REPORTS) and revision-2
-    (ACTIVITY_REPORTS, before the cluster workflow's `ClusterPatch`es)."""
+    running at an upgrade have: revision-1 (WorkerRevision.SIGNALLED_REPORTS), revision-2
+    (ACTIVITY_REPORTS, before the cluster workflow's `ClusterPatch`es) and revision-2-patched
+    (ACTIVITY_REPORTS, with them)."""
     files = sorted(HISTORIES.glob("**/*.json"))
     names = {str(f.relative_to(HISTORIES).with_suffix("")) for f in files}
-    prefixes = ("", "revision-1/", "revision-2/")
+    prefixes = ("", "revision-1/", "revision-2/", "revision-2-patched/")
     expected = {f"{prefix}{kind}" for prefix in prefixes for kind in ("cluster-workers", "worker")}
     assert names == expected, "recorded histories are missing"
     return [
