@@ -131,8 +131,8 @@ class TimingPolicy(BaseModel):
     agent_registration_timeout: timedelta = timedelta(minutes=30)
     agent_install_timeout: timedelta = timedelta(minutes=60)
     agent_unbinding_timeout: timedelta = timedelta(minutes=10)
-    # While a worker waits for its Agent, how often it renews the watch that will signal it: the
-    # watch lives in one worker process, so a restart of that process costs at most this delay.
+    # Workers of WorkerRevision 2 and earlier: while one waits for its Agent, how often it renews the
+    # watch that will signal it (the watch lives in one worker process: a restart costs this delay).
     agent_watch_renewal: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))
     transient_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(30, 60, 120))
     transient_backoff_cap: timedelta = timedelta(minutes=5)

@@ -29,8 +29,7 @@ from worker.main import run_worker
 WORKER_ACTIVITIES = {
     "create_worker_instance",
     "wait_instance_running",
-    "watch_agent_for_macs",
-    "hand_agent_to_nodepool",
+    "wait_agent_and_hand",
     "wait_agent_installed",
     "unbind_agent",
     "wait_instance_gone",
@@ -173,7 +172,7 @@ def test_backend_calls_are_client_spans_under_their_activity(lifecycle: Lifecycl
     (delete,) = under(BmaasActivity.WAIT_INSTANCE_GONE, "bmaas DELETE /baremetal_instances/{id}")
     assert (delete.attributes or {})["osac.bmi_id"] == lifecycle.bmi_id
     assert under("ensure_infraenv", "hub create InfraEnv")
-    assert under("hand_agent_to_nodepool", "hub patch Agent")
+    assert under("wait_agent_and_hand", "hub patch Agent")
     publish = under("publish_order_status", "hub patch/status ClusterOrder")
     assert publish and all((s.attributes or {})["osac.hub.name"] == order.name for s in publish)
 
