@@ -707,10 +707,10 @@ class AssistedActivities:
         The worker waits on a durable timer meanwhile, holding no activity slot and no heartbeat,
         and renews the watch now and then (a restarted process has lost it). Two matching Agents
         now: non-retryable AmbiguousAgentMatch, as in wait_agent_for_macs."""
-        match = await self._fresh_match(input)
+        match, _ = await self._fresh_match(input)
         if match is not None:
             return AgentWatch(match=match)
-        self._agent_watches.watch(input, activity.client(), lambda: self._await_agent(input))
+        self._agent_watches.watch(input, activity.client(), lambda: self._await_match(input))
         return AgentWatch()
 
     @activity.defn(name=HubActivity.WAIT_AGENT_FOR_MACS.value)
@@ -720,22 +720,27 @@ class AssistedActivities:
 
         Two or more: non-retryable AmbiguousAgentMatch (never bound; names in the error details).
         Past the deadline: non-retryable AgentRegistrationTimeout."""
+        progress = self._match_progress(input)
+        match, _ = await self._await_agent(input, progress, tick_seconds(self._heartbeat_every))
+        return match
+
+    def _match_progress(self, input: WaitAgentInput) -> Callable[[], None]:
+        """A heartbeat of the wait's progress: the InfraEnv's Agents and those with the host's MACs
+        (from the MAC index: hundreds of hosts waiting at once must not each read every inventory)."""
         informer = self._kube.informer(AGENTS)
-        namespace, infraenv = input.infraenv.namespace, input.infraenv.name
-        wanted = set(input.macs)
+        namespace, keys = input.infraenv.namespace, [mac_key(mac) for mac in sorted(set(input.macs))]
 
         def on_tick() -> None:
-            agents = _candidates(input, informer.items(namespace))
             heartbeat(
                 AgentMatchProgress(
-                    infraenv=infraenv,
-                    agents_in_infraenv=len(agents),
-                    matching_agents=sum(1 for a in agents if agent_macs(a) & wanted),
+                    infraenv=input.infraenv.name,
+                    agents_in_infraenv=len(_candidates(input, informer.items(namespace))),
+                    matching_agents=len(_candidates(input, informer.indexed(namespace, keys))),
                     observed_via=informer.observed_via,
                 )
             )
 
-        return await self._await_agent(input, on_tick, tick_seconds(self._heartbeat_every))
+        return on_tick
 
     @activity.defn(name=HubActivity.WAIT_AGENT_AND_HAND.value)
     @delivers_reports
@@ -748,19 +753,19 @@ class AssistedActivities:
         Once the Agent is matched the hand-off runs to its end even if the activity is cancelled
         meanwhile, so the release that follows a cancellation finds it handed (and unbinds it), not
         half-written by a request still in flight."""
-        match = await self.wait_agent_for_macs(input)
+        match, peers = await self._await_agent(
+            input, self._match_progress(input), tick_seconds(self._heartbeat_every)
+        )
         if match.unmatched_macs:
             return AgentHandOff(match=match)
-        hand = asyncio.ensure_future(
-            self.hand_agent_to_nodepool(
-                HandAgentInput(
-                    agent=AgentRef(namespace=match.namespace, name=match.name),
-                    nodepool=input.nodepool,
-                    worker=input.worker,
-                    hostname=input.hostname,
-                )
-            )
+        request = HandAgentInput(
+            agent=AgentRef(namespace=match.namespace, name=match.name),
+            nodepool=input.nodepool,
+            worker=input.worker,
+            hostname=input.hostname,
         )
+        # The list the match was decided on, moments ago, is the hand-off's duplicate check.
+        hand = asyncio.ensure_future(self._hand_and_sync(request, peers))
         try:
             handed = await asyncio.shield(hand)
         except asyncio.CancelledError:
@@ -768,10 +773,15 @@ class AssistedActivities:
             raise
         return AgentHandOff(match=match, handed=handed)
 
+    async def _await_match(self, input: WaitAgentInput) -> AgentMatch:
+        match, _ = await self._await_agent(input)
+        return match
+
     async def _await_agent(
         self, input: WaitAgentInput, on_tick: Callable[[], None] | None = None, tick: float = 10.0
-    ) -> AgentMatch:
-        """Wait on the shared Agent informer until exactly one Agent matches (see _match_agent)."""
+    ) -> tuple[AgentMatch, list[KubeObject]]:
+        """Wait on the shared Agent informer until exactly one Agent matches (see _match_agent);
+        the match, and the fresh list of the InfraEnv's Agents it was decided on."""
         namespace, infraenv = input.infraenv.namespace, input.infraenv.name
         informer = self._kube.informer(AGENTS)
         # Every Agent _match_agent needs: the ones with the host's MACs and the inventory-less ones.
@@ -798,19 +808,19 @@ class AssistedActivities:
                 ) from None
             # The cache may lag the hub: decide on a fresh list (one call per match, not per wait),
             # so an Agent registered just before is seen and an ambiguity is not missed.
-            agent = await self._fresh_match(input)
+            agent, listed = await self._fresh_match(input)
             if agent is not None:
-                return agent
+                return agent, listed
             await asyncio.sleep(0.2)  # gone meanwhile: let the cache catch up rather than spin
 
-    async def _fresh_match(self, input: WaitAgentInput) -> AgentMatch | None:
-        """_match_agent on the InfraEnv's Agents read from the hub, not from the cache."""
+    async def _fresh_match(self, input: WaitAgentInput) -> tuple[AgentMatch | None, list[KubeObject]]:
+        """_match_agent on the InfraEnv's Agents read from the hub, not from the cache (returned too)."""
         ref = input.infraenv
         fresh = await self._kube.list(AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}")
         agent = _match_agent(input, fresh.items)
         if agent is not None:
             activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
-        return agent
+        return agent, fresh.items
 
     @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
     @delivers_reports
@@ -821,11 +831,18 @@ class AssistedActivities:
 
         A compare-and-swap on the Agent's resourceVersion: of two workers handing the same Agent at
         once, the later writer gets 409, re-reads, and finds the slot taken (AgentOwnedElsewhere)."""
-        result = await self._hand(input)
+        return await self._hand_and_sync(input)
+
+    async def _hand_and_sync(
+        self, input: HandAgentInput, peers: list[KubeObject] | None = None
+    ) -> HandAgentResult:
+        result = await self._hand(input, peers)
         result.replicas = await sync_replicas(self._kube, input.nodepool)
         return result
 
-    async def _hand(self, input: HandAgentInput) -> HandAgentResult:
+    async def _hand(self, input: HandAgentInput, peers: list[KubeObject] | None = None) -> HandAgentResult:
+        """`peers`: a fresh list of the InfraEnv's Agents taken just before, for the duplicate
+        check of the first try (a try after a conflict lists again)."""
         selector = nodepool_selector(await self._read_nodepool(input.nodepool))
         ref = input.agent
         slot_label = label_value(input.worker)
@@ -851,7 +868,7 @@ class AssistedActivities:
                     name=ref.name,
                     worker=owner_name or owner,
                 )
-            await self._refuse_shared_macs(agent)
+            await self._refuse_shared_macs(agent, peers if attempt == 0 else None)
             changed_labels = {k: v for k, v in wanted_labels.items() if labels.get(k) != v}
             changed_spec = {k: v for k, v in spec.items() if dig(agent, "spec", k) != v}
             needs_annotation = owner_name != input.worker
@@ -882,7 +899,7 @@ class AssistedActivities:
             AGENTS.kind, ref.namespace, ref.name, f"Agent {ref.namespace}/{ref.name}", MAX_CONFLICT_RETRIES
         )
 
-    async def _refuse_shared_macs(self, agent: KubeObject) -> None:
+    async def _refuse_shared_macs(self, agent: KubeObject, peers: list[KubeObject] | None = None) -> None:
         """Never hand over an Agent whose MACs another Agent of its InfraEnv also reports (a
         duplicate that registered after the correlation): AmbiguousAgentMatch, as at correlation."""
         m = meta(agent)
@@ -891,10 +908,12 @@ class AssistedActivities:
         macs = agent_macs(agent)
         if not infraenv or not macs:
             return
-        peers = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
+        if peers is None:
+            listing = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
+            peers = listing.items
         sharing = sorted(
             str(meta(p).get("name"))
-            for p in peers.items
+            for p in peers
             if meta(p).get("name") != name and not meta(p).get("deletionTimestamp") and agent_macs(p) & macs
         )
         if sharing:
