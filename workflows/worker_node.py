@@ -293,16 +293,10 @@ class WorkerNodeWorkflow:
         registration deadline) for the host's Agent and hands it to the NodePool at once, unless it
         reports a NIC of no known host's (then the workflow checks with BMaaS and hands it itself)."""
         progress, slot = self._state()
-        assert progress.bmi_id is not None
-        if progress.agent_deadline is None:  # first wait of this attempt (cleared with its BMI)
-            progress.agent_deadline = workflow.now() + self._policy().agent_registration_timeout
         outcome = await self._hub(
             HubActivity.WAIT_AGENT_AND_HAND,
             WaitAndHandAgentInput(
-                infraenv=InfraEnvRef.for_order(slot.order),
-                order=slot.order,
-                macs=progress.macs,
-                deadline=progress.agent_deadline,
+                **self._agent_wait_terms(),
                 nodepool=self._nodepool_ref(),
                 worker=slot.name,
                 hostname=slot.name,
@@ -314,26 +308,36 @@ class WorkerNodeWorkflow:
         progress.agent_handed = outcome.handed is not None
         return outcome.match
 
+    def _agent_wait_terms(self) -> dict[str, Any]:
+        """What every Agent wait of this attempt looks for, and until when: the registration
+        deadline is set when the attempt first waits (and cleared with its BMI)."""
+        progress, slot = self._state()
+        assert progress.bmi_id is not None
+        if progress.agent_deadline is None:
+            progress.agent_deadline = workflow.now() + self._policy().agent_registration_timeout
+        return {
+            "infraenv": InfraEnvRef.for_order(slot.order),
+            "order": slot.order,
+            "macs": progress.macs,
+            "deadline": progress.agent_deadline,
+        }
+
     async def _await_agent(self) -> AgentMatch:
         """WorkerRevision.ACTIVITY_REPORTS and earlier: wait for the host's Agent on a durable timer
         (the policy's registration deadline), told early by the watch that watch_agent_for_macs
         leaves running, and renewing that watch every `agent_watch_renewal` in case its process went
         away. Nothing is in flight meanwhile."""
         progress, slot = self._state()
-        assert progress.bmi_id is not None
         policy = self._policy()
-        if progress.agent_deadline is None:  # first wait of this attempt (cleared with its BMI)
-            progress.agent_deadline = workflow.now() + policy.agent_registration_timeout
+        terms = self._agent_wait_terms()
         deadline = progress.agent_deadline
+        assert deadline is not None and progress.bmi_id is not None
         self._agent_registered = None
         while True:
             watch = await self._hub(
                 HubActivity.WATCH_AGENT_FOR_MACS,
                 WatchAgentInput(
-                    infraenv=InfraEnvRef.for_order(slot.order),
-                    order=slot.order,
-                    macs=progress.macs,
-                    deadline=deadline,
+                    **terms,
                     worker_workflow_id=workflow.info().workflow_id,
                     bmi_id=progress.bmi_id,
                 ),
