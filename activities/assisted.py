@@ -770,6 +770,8 @@ class AssistedActivities:
             handed = await asyncio.shield(hand)
         except asyncio.CancelledError:
             await asyncio.wait([hand])
+            if not hand.cancelled() and hand.exception() is not None:
+                activity.logger.warning("hand-off of Agent %s failed as the wait was cancelled", match.name)
             raise
         return AgentHandOff(match=match, handed=handed)
 

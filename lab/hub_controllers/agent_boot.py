@@ -117,10 +117,12 @@ class AgentBootSeam:
         if self.faults.decide(FaultKind.SLOW_REGISTRATION, host.host_id, host.macs):
             delay += self.faults.config.slow_registration.extra_delay_s
         duplicate = self.faults.decide(FaultKind.DUPLICATE_MAC, host.host_id, host.macs)
+        extra_nic = self.faults.decide(FaultKind.EXTRA_NIC, host.host_id, host.macs)
         await asyncio.sleep(max(0.0, started + delay - asyncio.get_running_loop().time()))
 
         agent_name = agent_host_id(host.host_id)
-        await self._register_and_record(host.host_id, config, agent_name, host.macs, None)
+        macs = [*host.macs, _phantom_mac(f"extra-nic/{agent_name}")] if extra_nic else list(host.macs)
+        await self._register_and_record(host.host_id, config, agent_name, macs, None)
         if duplicate and host.macs:
             phantom = str(uuid.uuid5(_HOST_ID_NAMESPACE, f"duplicate-of/{agent_name}"))
             macs = [host.macs[0], _phantom_mac(phantom)]

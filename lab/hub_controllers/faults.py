@@ -66,6 +66,9 @@ class AgentFaults(BaseModel):
     installing_pending_user_action: FaultTarget = Field(default_factory=FaultTarget)
     # A second Agent reports one of the host's MACs, registered alongside the real one.
     duplicate_mac: FaultTarget = Field(default_factory=FaultTarget)
+    # The host reports one more interface than its BMI's NICs, with a MAC no BMI has (a BMC's USB
+    # NIC): benign, but only BMaaS can tell, so the orchestrator must ask before binding it.
+    extra_nic: FaultTarget = Field(default_factory=FaultTarget)
 
 
 class FaultKind(StrEnum):
@@ -74,6 +77,7 @@ class FaultKind(StrEnum):
     INSTALL_ERROR = "install_error"
     INSTALLING_PENDING_USER_ACTION = "installing_pending_user_action"
     DUPLICATE_MAC = "duplicate_mac"
+    EXTRA_NIC = "extra_nic"
 
 
 @dataclass(frozen=True)

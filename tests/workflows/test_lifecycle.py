@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
+from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
-from contracts.workflows import cluster_workflow_id
+from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.workflows.stack import Stack, eventually, running_stack
 
 
@@ -124,4 +126,33 @@ async def test_a_late_copy_of_a_report_never_undoes_a_newer_one(stack: Stack) ->
     status = await stack.apply(order, {"bm-standard": 1})
     assert [w.phase for w in status.workers] == [WorkerPhase.READY]
     await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+
+
+async def test_an_agent_reporting_a_nic_of_no_bmi_is_checked_with_bmaas_then_bound(stack: Stack) -> None:
+    """A host with one more NIC than its BMI (a BMC's USB NIC): the wait returns its Agent without
+    handing it over; the workflow asks BMaaS whose that NIC is (nobody's), then hands it itself."""
+    await stack.set_agent_faults({"extra_nic": {"rate": 1.0}})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        await stack.wait_ready(order, 1)
+    finally:
+        await stack.clear_agent_faults()
+    (agent,) = await stack.agents(order.namespace)
+    assert len(agent["status"]["inventory"]["interfaces"]) > 1 and agent["spec"]["approved"] is True
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in (await handle.fetch_history()).events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    assert scheduled[2:] == [
+        HubActivity.WAIT_AGENT_AND_HAND,
+        BmaasActivity.FIND_INSTANCES_WITH_MACS,
+        HubActivity.HAND_AGENT_TO_NODEPOOL,
+        HubActivity.WAIT_AGENT_INSTALLED,
+    ]
+    await stack.decommission_and_wait(order)
+    assert await stack.agents(order.namespace) == []
     assert await stack.bmis(order) == []

@@ -127,3 +127,15 @@ def test_duplicate_mac_registers_a_second_agent_with_the_same_mac(
     twin = wait_state(lab.client, ns, phantom.agent_name, HostState.KNOWN_UNBOUND)
     assert agent_macs(real) == set(macs)
     assert agent_macs(real) & agent_macs(twin) == {macs[0]}
+
+
+def test_extra_nic_reports_one_more_interface_than_the_host_has(lab: Lab, ns: str, faults: SetFaults) -> None:
+    ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+    macs = macs_for(11)
+    faults(AgentFaults(extra_nic=FaultTarget(agents=["host-usb"])))
+    lab.boot("host-usb", macs, ignition)
+    agent = wait_state(lab.client, ns, "host-usb", HostState.KNOWN_UNBOUND)
+    extra = agent_macs(agent) - set(macs)
+    assert agent_macs(agent) >= set(macs) and len(extra) == 1
+    # Locally administered, like a USB gadget's.
+    assert int(next(iter(extra)).split(":")[0], 16) & 0x02
