@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from contracts.activities import HubActivity
+from contracts.hub import WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
@@ -137,6 +141,29 @@ async def test_agent_that_never_registers_times_out_and_is_replaced(stack: Stack
         await stack.apply(order, {"bm-standard": 1})
         first = await _failed_with(stack, order, FailureReason.AGENT_REGISTRATION_TIMEOUT)
         assert first.attempt_count >= 1
+        # The wait's deadline is the policy's timeout from when it began, carried in its input (so
+        # a retry cannot extend it), and the wait ends there. OSAC's 30 minutes: test_production_timings.
+        handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+        events = (await handle.fetch_history()).events
+        scheduled = next(
+            e
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name
+            == HubActivity.WAIT_AGENT_AND_HAND
+        )
+        (request,) = pydantic_data_converter.payload_converter.from_payloads(
+            list(scheduled.activity_task_scheduled_event_attributes.input.payloads), [WaitAndHandAgentInput]
+        )
+        began = scheduled.event_time.ToDatetime(tzinfo=UTC)
+        assert timedelta(seconds=5) <= request.deadline - began <= timedelta(seconds=10)
+        failed = next(
+            e
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+            and e.activity_task_failed_event_attributes.scheduled_event_id == scheduled.event_id
+        )
+        assert failed.event_time.ToDatetime(tzinfo=UTC) >= request.deadline
     finally:
         await stack.clear_agent_faults()
     status = await stack.wait_ready(order, 1)
