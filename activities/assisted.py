@@ -1108,12 +1108,7 @@ class AssistedActivities:
         `handed`: deleting it would leave its Machine and the NodePool's count behind."""
         result = ReleasedAgents()
         if input.agent is not None:
-            current = (
-                await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
-                if input.worker is not None
-                else None
-            )
-            if current is not None and input.worker is not None and handed_to(current, input.worker):
+            if input.worker is not None and await self._handed_to(input.agent, input.worker):
                 result.handed.append(input.agent.name)
             else:
                 await self.delete_agent(input.agent)
@@ -1128,6 +1123,10 @@ class AssistedActivities:
             result.kept = stale.kept
             result.handed += [name for name in stale.handed if name not in result.handed]
         return result
+
+    async def _handed_to(self, ref: AgentRef, worker: str) -> bool:
+        current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
+        return current is not None and handed_to(current, worker)
 
     @activity.defn(name=HubActivity.RELEASE_STALE_AGENTS.value)
     async def release_stale_agents(self, input: ReleaseStaleAgentsInput) -> ReleasedAgents:

@@ -423,21 +423,22 @@ class AgentMatchProgress(BaseModel):
 WORKER_NAME_PATTERN = r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$"
 
 
-class HandAgentInput(CarriesReport):
+class HandOffTerms(BaseModel):
+    """Where a hand-off puts an Agent: the NodePool, and the worker slot it is for."""
+
+    nodepool: NodePoolRef
+    worker: str = Field(min_length=1, max_length=253, pattern=WORKER_NAME_PATTERN)
+    hostname: str | None = Field(default=None, max_length=253)
+
+
+class HandAgentInput(HandOffTerms, CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     agent: AgentRef
-    nodepool: NodePoolRef
-    worker: str = Field(min_length=1, max_length=253, pattern=WORKER_NAME_PATTERN)
-    hostname: str | None = Field(default=None, max_length=253)
 
 
-class WaitAndHandAgentInput(WaitAgentInput, CarriesReport):
+class WaitAndHandAgentInput(WaitAgentInput, HandOffTerms, CarriesReport):
     """wait_agent_and_hand: the wait's terms, and the hand-off that follows it at once."""
-
-    nodepool: NodePoolRef
-    worker: str = Field(min_length=1, max_length=253, pattern=WORKER_NAME_PATTERN)
-    hostname: str | None = Field(default=None, max_length=253)
 
 
 class ReplicaSync(BaseModel):

@@ -168,11 +168,21 @@ class Api:
     def clear_faults(self) -> None:
         self.http.delete("/lab/v1/faults/api").raise_for_status()
 
-    def requests_by(self, user: str) -> int:
-        """Resource requests the hub served for `user` (its `/lab/v1/stats`)."""
+    def requests_by(self, user: str, verb: str | None = None, resource_prefix: str = "") -> int:
+        """Resource requests the hub served for `user` (its `/lab/v1/stats`), optionally only of
+        one verb on resources whose name starts with `resource_prefix` (`agents.`)."""
         response = self.http.get("/lab/v1/stats")
         response.raise_for_status()
-        return int(response.json()["byUser"].get(user, 0))
+        stats = response.json()
+        if verb is None and not resource_prefix:
+            return int(stats["byUser"].get(user, 0))
+        return sum(
+            int(r["count"])
+            for r in stats["requests"]
+            if r["user"] == user
+            and (verb is None or r["verb"] == verb)
+            and r["resource"].startswith(resource_prefix)
+        )
 
     # -- domain objects ---------------------------------------------------------------------
 

@@ -139,21 +139,12 @@ async def test_wait_and_hand_approves_the_agent_as_soon_as_it_registers(api, api
     assert agent["metadata"]["annotations"]["osac.openshift.io/worker"] == "order-1-worker-0"
     assert api.get("NodePool", "np")["spec"]["replicas"] == 1
     # A retry (the first attempt's completion lost) finds its own hand-off and changes nothing.
-    lists = _agent_lists(api, kit)
+    lists = api.requests_by(kit.worker_user, "list", "agents.")
     again = await kit.run()(api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs))
     assert again.match.name == "host-a" and again.handed is not None and not again.handed.changed
     # The InfraEnv's Agents are listed once: the list the match was decided on is the hand-off's
     # duplicate check too. The other list is the NodePool's count.
-    assert _agent_lists(api, kit) - lists == 2
-
-
-def _agent_lists(api, kit) -> int:
-    stats = api.http.get("/lab/v1/stats").json()
-    return sum(
-        r["count"]
-        for r in stats["requests"]
-        if r["user"] == kit.worker_user and r["verb"] == "list" and r["resource"].startswith("agents.")
-    )
+    assert api.requests_by(kit.worker_user, "list", "agents.") - lists == 2
 
 
 async def test_wait_and_hand_leaves_an_agent_reporting_a_foreign_nic_to_the_workflow(api, api_assisted, kit):

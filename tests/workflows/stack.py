@@ -13,13 +13,15 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.service import RPCError
 
@@ -80,6 +82,15 @@ async def eventually(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def scheduled_activities(events: Sequence[HistoryEvent]) -> list[str]:
+    """The activity types a history scheduled, in order (local activities are markers, not here)."""
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
 
 
 @dataclass

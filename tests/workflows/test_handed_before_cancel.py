@@ -19,7 +19,7 @@ from activities.assisted import AssistedActivities
 from contracts.activities import HubActivity
 from contracts.hub import AgentHandOff, WaitAndHandAgentInput
 from contracts.workflows import worker_workflow_id
-from tests.workflows.stack import Stack, eventually, running_stack
+from tests.workflows.stack import Stack, eventually, running_stack, scheduled_activities
 from worker.main import build_workers, open_backends
 
 NODEPOOLS = "/apis/hypershift.openshift.io/v1beta1/nodepools"
@@ -85,11 +85,7 @@ async def test_an_agent_handed_by_a_cancelled_wait_is_unbound_and_deleted(stack:
     assert await stack.audit_violations() == []
     events = (await handle.fetch_history()).events
     cancelled = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED]
-    scheduled = [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
+    scheduled = scheduled_activities(events)
     assert len(cancelled) == 1
     release = scheduled.index(HubActivity.RELEASE_AGENT.value)
     assert scheduled[release + 1] == HubActivity.UNBIND_AGENT.value, scheduled

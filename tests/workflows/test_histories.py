@@ -20,7 +20,7 @@ from temporalio.workflow import NondeterminismError
 from contracts.activities import HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
-from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack
+from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack, scheduled_activities
 from workflows.cluster_workers import ClusterWorkersWorkflow
 from workflows.worker_node import WorkerNodeWorkflow
 
@@ -95,11 +95,7 @@ async def test_workers_wait_for_their_agent_and_hand_it_over_in_one_activity(
     workers = [h for h in histories if h.workflow_id.startswith("worker/")]
     assert len(workers) == 2
     for history in workers:
-        scheduled = [
-            e.activity_task_scheduled_event_attributes.activity_type.name
-            for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        ]
+        scheduled = scheduled_activities(history.events)
         assert scheduled[2:4] == [HubActivity.WAIT_AGENT_AND_HAND, HubActivity.WAIT_AGENT_INSTALLED], (
             history.workflow_id,
             scheduled,
@@ -165,12 +161,7 @@ async def test_the_cluster_status_is_written_by_local_activities(
     events, and none of the workers' statuses it carries."""
     _, histories, _ = lifecycle
     cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
-    scheduled = [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in cluster.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
-    assert HubActivity.PUBLISH_ORDER_STATUS.value not in scheduled
+    assert HubActivity.PUBLISH_ORDER_STATUS.value not in scheduled_activities(cluster.events)
     local = [
         json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
         for e in cluster.events

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
-from tests.workflows.stack import Stack, eventually, running_stack
+from tests.workflows.stack import Stack, eventually, running_stack, scheduled_activities
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +141,7 @@ async def test_an_agent_reporting_a_nic_of_no_bmi_is_checked_with_bmaas_then_bou
     (agent,) = await stack.agents(order.namespace)
     assert len(agent["status"]["inventory"]["interfaces"]) > 1 and agent["spec"]["approved"] is True
     handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
-    scheduled = [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in (await handle.fetch_history()).events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
+    scheduled = scheduled_activities((await handle.fetch_history()).events)
     assert scheduled[2:] == [
         HubActivity.WAIT_AGENT_AND_HAND,
         BmaasActivity.FIND_INSTANCES_WITH_MACS,
