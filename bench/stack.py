@@ -268,6 +268,13 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
         proc.wait(10)
 
 
+def _sample(pid: int, output: Path, log: Path) -> subprocess.Popen[bytes]:
+    """py-spy on `pid` without pausing it, collapsed stacks (grep-able; speedscope or flamegraph.pl
+    draw them) written to `output` on SIGINT."""
+    command = [str(PY_SPY), "record", "--nonblocking", "--rate", "50", "--format", "raw"]
+    return spawn([*command, "--pid", str(pid), "--output", str(output)], log)
+
+
 @contextlib.asynccontextmanager
 async def bench_stack(
     client: Client,
@@ -281,12 +288,12 @@ async def bench_stack(
     policy: TimingPolicy | None = None,
 ) -> AsyncIterator[BenchStack]:
     """Fresh twins and a fresh worker process, on task queues of their own. With `flamegraph`,
-    py-spy samples the worker (without pausing it) for as long as the stack runs."""
+    py-spy samples the worker (and the twins, beside it) for as long as the stack runs."""
     twins = TwinsProcess(profile_name, hosts, workdir / "twins", workdir / "twins.log")
     info = await asyncio.to_thread(twins.start)
     task_queue = f"bench-{profile_name}-{uuid.uuid4().hex[:6]}"
     worker: subprocess.Popen[bytes] | None = None
-    spy: subprocess.Popen[bytes] | None = None
+    spies: list[subprocess.Popen[bytes]] = []
     stack: BenchStack | None = None
     try:
         worker = spawn(
@@ -296,27 +303,23 @@ async def bench_stack(
         )
         await wait_pollers(client, [task_queue, f"{task_queue}-bmaas"])
         if flamegraph is not None:
-            spy = spawn(
-                [
-                    str(PY_SPY),
-                    "record",
-                    "--nonblocking",
-                    "--rate",
-                    "50",
-                    "--format",
-                    "raw",  # collapsed stacks: grep-able, and speedscope or flamegraph.pl draw them
-                    "--pid",
-                    str(worker.pid),
-                    "--output",
-                    str(flamegraph),
-                ],
-                workdir / "py-spy.log",
-            )
+            # The twins too: their CPU is most of the machine's, and the floor waits on their controllers.
+            assert twins.proc is not None
+            spies = [
+                _sample(worker.pid, flamegraph, workdir / "py-spy.log"),
+                _sample(
+                    twins.proc.pid,
+                    flamegraph.with_name(f"twins-{flamegraph.name.removeprefix('worker-')}"),
+                    workdir / "py-spy-twins.log",
+                ),
+            ]
         stack = BenchStack(client, info, twins, worker, task_queue, f"{task_queue}-bmaas", policy)
         yield stack
     finally:
-        if spy is not None and spy.poll() is None:
-            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for spy in spies:
+            if spy.poll() is None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for spy in spies:
             await asyncio.to_thread(spy.wait, 60)
         if stack is not None:
             await stack.close()
