@@ -78,6 +78,9 @@ def _summary(status: dict[str, Any]) -> tuple[object, ...]:
 
 class AgentStateController(Controller):
     name = "assisted-host-state"
+    # assisted-service moves every host on its own: hundreds installing at once must not queue
+    # behind two round trips at a time.
+    workers = 16
 
     def __init__(
         self,
@@ -235,7 +238,7 @@ class AgentStateController(Controller):
             fresh["status"] = render_status(fresh.get("status") or {}, self._view(fresh, step))
             return fresh
 
-        stored = await self._api.mutate(AGENTS, namespace, name, apply, subresource="status")
+        stored = await self._api.mutate(AGENTS, namespace, name, apply, subresource="status", cached=agent)
         if stored is None or host_state_of(stored) is not step.state or stage_of(stored) is not step.stage:
             return
         self._entered[uid] = (f"{step.state.value}|{step.stage.value if step.stage else ''}", self._now())
@@ -261,7 +264,9 @@ class AgentStateController(Controller):
             fresh["status"] = rendered
             return fresh
 
-        await self._api.mutate(AGENTS, m.get("namespace"), m["name"], apply, subresource="status")
+        await self._api.mutate(
+            AGENTS, m.get("namespace"), m["name"], apply, subresource="status", cached=agent
+        )
 
     async def _announce(self, agent: Obj, step: Step) -> None:
         name = agent["metadata"]["name"]

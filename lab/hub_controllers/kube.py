@@ -201,14 +201,18 @@ class KubeApi:
         *,
         subresource: str | None = None,
         attempts: int = 10,
+        cached: Obj | None = None,
     ) -> Obj | None:
         """Read-modify-write with conflict retry; `mutator` returns None for "nothing to change".
 
         Returns the stored object (None when it does not exist). The mutator sees a private copy of
-        the freshest object on every attempt, so it must be a pure function of that object.
+        the freshest object on every attempt, so it must be a pure function of that object. With
+        `cached` (an informer's copy, never modified here) the first attempt starts from it instead
+        of a GET, as controllers do: its resourceVersion makes the write a compare-and-swap, and a
+        conflict falls back to reading the object.
         """
-        for _ in range(attempts):
-            current = await self.get(res, namespace, name)
+        for attempt in range(attempts):
+            current = cached if attempt == 0 and cached is not None else await self.get(res, namespace, name)
             if current is None:
                 return None
             changed = mutator(copy.deepcopy(current))
@@ -217,6 +221,8 @@ class KubeApi:
             try:
                 return await self.replace(res, changed, subresource)
             except ApiError as exc:
+                if exc.is_not_found and current is cached:
+                    return None
                 if not exc.is_conflict:
                     raise
                 log.debug("conflict writing %s %s/%s; retrying", res.kind, namespace, name)
