@@ -28,6 +28,10 @@ class RunHistory:
     events: int
     activities: list[ActivityCall] = field(default_factory=list)
     event_types: Counter[str] = field(default_factory=Counter)
+    # Per workflow task: seconds waiting for a poller (scheduled -> started), and seconds the worker
+    # took to answer (started -> completed).
+    workflow_task_queue_s: list[float] = field(default_factory=list)
+    workflow_task_run_s: list[float] = field(default_factory=list)
 
 
 def _seconds(event: HistoryEvent) -> float:
@@ -61,9 +65,21 @@ def local_activity_call(event: HistoryEvent) -> ActivityCall | None:
 def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[HistoryEvent]) -> RunHistory:
     run = RunHistory(workflow_id, run_id, workflow_type, len(events))
     by_scheduled: dict[int, ActivityCall] = {}
+    task_times: dict[int, float] = {}  # event id of a workflow task's schedule or start -> its time
     for event in events:
         run.event_types[EventType.Name(event.event_type)] += 1
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            task_times[event.event_id] = _seconds(event)
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            scheduled_at = task_times.get(event.workflow_task_started_event_attributes.scheduled_event_id)
+            if scheduled_at is not None:
+                run.workflow_task_queue_s.append(_seconds(event) - scheduled_at)
+            task_times[event.event_id] = _seconds(event)
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            started_at = task_times.get(event.workflow_task_completed_event_attributes.started_event_id)
+            if started_at is not None:
+                run.workflow_task_run_s.append(_seconds(event) - started_at)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             call = ActivityCall(
                 event.activity_task_scheduled_event_attributes.activity_type.name, _seconds(event)
             )

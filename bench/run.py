@@ -493,7 +493,10 @@ def build_results(
 def time_split(lc: Lifecycle) -> dict[str, Any]:
     """Where a worker's lifecycle spends its time, from its own history: waiting in the task queue
     (scheduled -> started), running activities (started -> closed), and between a close and the next
-    schedule (the workflow task deciding; waits on signals and timers included)."""
+    schedule (the workflow task deciding; waits on signals and timers included). The workflow tasks
+    themselves split into waiting for a poller and the worker answering."""
+    task_queued: list[float] = []
+    task_running: list[float] = []
     queued: list[float] = []
     running: list[float] = []
     deciding: list[float] = []
@@ -502,6 +505,8 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
     for run in lc.histories:
         if run.workflow_type != WORKER_WORKFLOW:
             continue
+        task_queued.append(sum(run.workflow_task_queue_s))
+        task_running.append(sum(run.workflow_task_run_s))
         q = r = d = 0.0
         calls = sorted(run.activities, key=lambda c: c.scheduled)
         for i, call in enumerate(calls):
@@ -522,6 +527,8 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
         "median_queued_s": round(statistics.median(queued), 3) if queued else None,
         "median_running_s": round(statistics.median(running), 3) if running else None,
         "median_between_s": round(statistics.median(deciding), 3) if deciding else None,
+        "median_workflow_task_queued_s": round(statistics.median(task_queued), 3) if task_queued else None,
+        "median_workflow_task_running_s": round(statistics.median(task_running), 3) if task_running else None,
         "activity_run_s_mean": {k: round(statistics.mean(v), 3) for k, v in sorted(per_activity.items())},
         "activity_queue_s_mean": {
             k: round(statistics.mean(v), 3) for k, v in sorted(per_activity_queue.items())

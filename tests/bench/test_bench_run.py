@@ -57,5 +57,7 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
     details = json.loads(path.with_name(path.stem + ".details.json").read_text())
     assert details["floor"]["audit_violations"] == 0
+    split = details["floor"]["time_split_per_worker"]
+    assert split["median_workflow_task_running_s"] > 0 and split["median_workflow_task_queued_s"] >= 0
     assert details["cost_1x"]["audit_violations"] == 0
     assert details["density"]["workers"] == 3
