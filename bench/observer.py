@@ -47,6 +47,7 @@ class AgentTimeline:
     worker: str | None = None
     registered: float | None = None  # first seen with its NIC inventory (what correlation needs)
     approved: float | None = None  # first seen approved (the hand-off's first write, after correlation)
+    claimed: float | None = None  # first seen claimed by the provider's Machine (or bound)
     installed: float | None = None  # first seen claimed and installed (what wait_agent_installed needs)
     unbound: float | None = None  # first seen released and unbound after having been claimed
     was_claimed: bool = False
@@ -165,6 +166,8 @@ class HubObserver:
         installed = _condition_true(obj, "Installed") or state == AgentState.ADDED_TO_EXISTING_CLUSTER
         if claimed:
             line.was_claimed = True
+            if line.claimed is None:
+                line.claimed = now
             if installed and line.installed is None:
                 line.installed = now
         unbound = not bound_to and (

@@ -44,7 +44,7 @@ from temporalio.testing import WorkflowEnvironment
 from bench import floor as floor_mod
 from bench import latency, proc
 from bench.histories import RunHistory, fetch_task_queue
-from bench.observer import HubObserver
+from bench.observer import AgentTimeline, HubObserver
 from bench.profiles import ONE_X, TEN_X, ZERO, profile
 from bench.stack import PY_SPY, BenchStack, Order, bench_stack, spawn, stop_process, wait_pollers
 from contracts.worker import TimingPolicy
@@ -87,6 +87,7 @@ class Config:
     flamegraphs: Path | None = None  # py-spy flame graphs of the worker per phase go here
     worker_command: list[str] | None = None  # another worker build to compare (before/after)
     policy: dict[str, float] = field(default_factory=dict)  # TimingPolicy overrides, in seconds
+    observe_floor: bool = False  # the harness's hub watch in the floor phase too (costs the twins a watch)
 
     def timing_policy(self) -> TimingPolicy:
         """OSAC's default policy (what a real order gets), with any overrides."""
@@ -118,6 +119,7 @@ class Lifecycle:
     cpu_s: dict[str, float] = field(default_factory=dict)  # per process, during the measured span
     samples: latency.Samples | None = None
     observer_events: int = 0
+    agents: list[AgentTimeline] = field(default_factory=list)  # the harness's hub watch, when observed
 
     @property
     def wall_s(self) -> float:
@@ -225,6 +227,7 @@ async def run_lifecycle(
         )
         if observer is not None:
             result.observer_events = observer.events
+            result.agents = observer.agent_timelines()
             result.samples = latency.measure(
                 histories, audit, observer.agent_timelines(), observer.order_timelines()
             )
@@ -267,7 +270,7 @@ class Floor:
 
 
 async def run_floor(client: Client, workdir: Path, cfg: Config) -> Floor:
-    lifecycle = await run_lifecycle(client, workdir, ZERO, cfg.n, cfg, observe=False)
+    lifecycle = await run_lifecycle(client, workdir, ZERO, cfg.n, cfg, observe=cfg.observe_floor)
     per_workflow = max(1, round(lifecycle.activities() / cfg.n))
     console.log(f"floor: {cfg.n} trivial workflows x {per_workflow} trivial activities")
     task_queue = f"bench-floor-{int(time.time())}"
@@ -449,6 +452,7 @@ def build_results(
             "worker_rss_mb": round(lc.worker_rss_mb, 1),
             "cpu_s_during_lifecycle": lc.cpu_s,
             "time_split_per_worker": time_split(lc),
+            "install_wait_split": install_wait_split(lc),
             "audit_violations": len(lc.violations),
         }
     for name, lc in costs.items():
@@ -474,6 +478,7 @@ def build_results(
             "worker_rss_mb": round(lc.worker_rss_mb, 1),
             "cpu_s_during_lifecycle": lc.cpu_s,
             "time_split_per_worker": time_split(lc),
+            "install_wait_split": install_wait_split(lc),
             "audit_violations": len(lc.violations),
         }
     if density is not None:
@@ -533,6 +538,28 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
         "activity_queue_s_mean": {
             k: round(statistics.mean(v), 3) for k, v in sorted(per_activity_queue.items())
         },
+    }
+
+
+def install_wait_split(lc: Lifecycle) -> dict[str, dict[str, float]] | None:
+    """Where the wait for an installed Agent goes, as the harness's hub watch saw it: from the
+    approval to the provider's claim (NodePool replicas, Machine, claim), then to installed (the
+    assisted host state machine). None when the phase was not observed."""
+    spans: dict[str, list[float]] = defaultdict(list)
+    for agent in lc.agents:
+        if agent.approved is not None and agent.claimed is not None:
+            spans["approved_to_claimed_s"].append(max(0.0, agent.claimed - agent.approved))
+        if agent.claimed is not None and agent.installed is not None:
+            spans["claimed_to_installed_s"].append(max(0.0, agent.installed - agent.claimed))
+    if not spans:
+        return None
+    return {
+        name: {
+            "p50": round(statistics.median(values), 3),
+            "mean": round(statistics.mean(values), 3),
+            "max": round(max(values), 3),
+        }
+        for name, values in spans.items()
     }
 
 
@@ -751,6 +778,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
         "--cost-profiles", default=f"{ONE_X},{TEN_X}", help="comma-separated subset of 1x,10x; '' to skip"
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the floor phase")
+    parser.add_argument(
+        "--observe-floor",
+        action="store_true",
+        help="watch the hub in the floor phase too (install wait split in the details; costs a watch)",
+    )
     parser.add_argument("--hold", type=float, help="seconds the density phase holds its Ready workers")
     parser.add_argument(
         "--ready-hold", type=float, default=5.0, help="seconds the cost phases keep their workers Ready"
@@ -799,6 +831,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     return Config(
         cost_profiles=chosen,
         floor=not args.no_floor,
+        observe_floor=args.observe_floor,
         bmaas_rate=args.bmaas_rate,
         ready_hold_s=args.ready_hold,
         results_dir=args.results_dir,

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from datetime import date, datetime
 from typing import Any
 
@@ -82,6 +83,41 @@ def _is_byte(value: object) -> bool:
     except (binascii.Error, ValueError):
         return False
     return True
+
+
+# Validation ratcheting (Kubernetes' CRDValidationRatcheting, on by default since 1.30): on an update,
+# a value equal to the old object's is not validated again. Here: the ids of the new object's maps and
+# lists that equal their old counterparts, for the one validation running in this context.
+_UNCHANGED: ContextVar[frozenset[int]] = ContextVar("unchanged_subtrees", default=frozenset())
+
+
+def _ratcheted_properties(
+    validator: Any, properties: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Iterator[jsonschema.ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    unchanged = _UNCHANGED.get()
+    for name, subschema in properties.items():
+        if name in instance and id(instance[name]) not in unchanged:
+            yield from validator.descend(instance[name], subschema, path=name, schema_path=name)
+
+
+_RatchetingValidator = jsonschema.validators.extend(
+    jsonschema.Draft7Validator, {"properties": _ratcheted_properties}
+)
+
+
+def _unchanged_subtrees(new: Any, old: Any, found: set[int]) -> None:
+    """Collect the ids of `new`'s maps and lists equal to `old`'s at the same place. Scalars are left
+    out: they are cheap to check, and small ones are shared objects whose id says nothing."""
+    if not (isinstance(new, dict) and isinstance(old, dict)):
+        return
+    for key, value in new.items():
+        if isinstance(value, dict | list) and key in old:
+            if value == old[key]:
+                found.add(id(value))
+            else:
+                _unchanged_subtrees(value, old[key], found)
 
 
 def to_json_schema(node: Any) -> Any:
@@ -174,7 +210,7 @@ class CrdSchema:
         self.source = source
         json_schema = to_json_schema(raw)
         jsonschema.Draft7Validator.check_schema(json_schema)
-        self._validator = jsonschema.Draft7Validator(json_schema, format_checker=_FORMATS)
+        self._validator = _RatchetingValidator(json_schema, format_checker=_FORMATS)
         self._cel_cache: dict[str, cel.Program | None] = {}
 
     # -- pruning ---------------------------------------------------------------------------------
@@ -261,8 +297,16 @@ class CrdSchema:
     def validate(self, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
         # metadata is validated by the server itself, not by the CRD schema (as in kube-apiserver).
         body = {k: v for k, v in obj.items() if k != "metadata"}
+        old_body = None if old is None else {k: v for k, v in old.items() if k != "metadata"}
+        unchanged: set[int] = set()
+        _unchanged_subtrees(body, old_body, unchanged)
+        token = _UNCHANGED.set(frozenset(unchanged))
+        try:
+            errors = list(self._validator.iter_errors(body))
+        finally:
+            _UNCHANGED.reset(token)
         causes: list[Cause] = []
-        for err in self._validator.iter_errors(body):
+        for err in errors:
             if err.validator == "required":
                 # One cause per missing field, as the apiserver reports them.
                 present = err.instance if isinstance(err.instance, dict) else {}
@@ -274,7 +318,6 @@ class CrdSchema:
                 )
             else:
                 causes.append(self._cause(err))
-        old_body = None if old is None else {k: v for k, v in old.items() if k != "metadata"}
         causes.extend(self._rules(body, old_body, self.raw, []))
         return causes
 

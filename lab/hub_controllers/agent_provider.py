@@ -113,7 +113,10 @@ def _candidates(agents: dict[str, Obj], selector: dict[str, Any], taken: set[str
 
 class NodePoolController(Controller):
     name = "hypershift-agent-provider"
-    workers = 1  # one writer per namespace's Agents keeps claims simple; the CAS still guards them
+    # NodePools reconcile side by side, as HyperShift runs a provider per hosted cluster; one pool is
+    # never reconciled twice at once (the work queue), and two pools sharing a namespace's Agents
+    # cannot both claim one: each claim is a compare-and-swap on the Agent's resourceVersion.
+    workers = 8
 
     def __init__(
         self,

@@ -125,3 +125,42 @@ def test_pruning_defaulting_and_rules_of_one_schema() -> None:
     assert [(c.field, c.message) for c in causes] == [
         ("spec.size", 'Invalid value: "integer": size may only grow')
     ]
+
+
+def test_an_update_validates_only_what_changed() -> None:
+    """Ratcheting, as kube-apiserver does since 1.30: a part equal to the old object's is not
+    validated again (it could only fail after a schema change); a changed one always is."""
+    schema = CrdSchema(
+        {
+            "type": "object",
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "properties": {
+                        "limits": {
+                            "type": "object",
+                            "properties": {"size": {"type": "integer", "maximum": 3}},
+                        },
+                        "tags": {"type": "array", "items": {"type": "string", "maxLength": 2}},
+                    },
+                },
+                "status": {"type": "object", "properties": {"phase": {"type": "string", "enum": ["A", "B"]}}},
+            },
+        },
+        "test",
+    )
+    stored = {"spec": {"limits": {"size": 5}, "tags": ["long"]}, "status": {"phase": "A"}}
+
+    def fields(obj: dict[str, object], old: dict[str, object] | None) -> list[str]:
+        return sorted(c.field for c in schema.validate(obj, old))
+
+    assert fields(stored, None) == ["spec.limits.size", "spec.tags[0]"]
+    status_only = {"spec": {"limits": {"size": 5}, "tags": ["long"]}, "status": {"phase": "B"}}
+    assert fields(status_only, stored) == []
+    assert fields({**status_only, "status": {"phase": "C"}}, stored) == ["status.phase"]
+    one_changed = {"spec": {"limits": {"size": 6}, "tags": ["long"]}, "status": {"phase": "A"}}
+    assert fields(one_changed, stored) == ["spec.limits.size"]
+    assert fields({"spec": {"limits": {"size": 5}, "tags": ["long", "xyz"]}}, stored) == [
+        "spec.tags[0]",
+        "spec.tags[1]",
+    ]
