@@ -209,7 +209,8 @@ class KubeApi:
         the freshest object on every attempt, so it must be a pure function of that object. With
         `cached` (an informer's copy, never modified here) the first attempt starts from it instead
         of a GET, as controllers do: its resourceVersion makes the write a compare-and-swap, and a
-        conflict falls back to reading the object.
+        conflict falls back to reading the object. When the mutator changes nothing on it, `cached`
+        itself is returned.
         """
         for attempt in range(attempts):
             current = cached if attempt == 0 and cached is not None else await self.get(res, namespace, name)
