@@ -78,9 +78,9 @@ def _summary(status: dict[str, Any]) -> tuple[object, ...]:
 
 class AgentStateController(Controller):
     name = "assisted-host-state"
-    # assisted-service moves every host on its own: hundreds installing at once must not queue
-    # behind two round trips at a time.
-    workers = 16
+    # Two workers, the default. 16 (assisted-service moves every host on its own) installed hosts
+    # sooner but starved the rest of the process: claims and the orchestrator's requests waited
+    # longer, measured side by side at 500 workers (bench/README.md, round 7).
 
     def __init__(
         self,
