@@ -67,6 +67,23 @@ def wait_until(probe: Callable[[], T | None], what: str, timeout: float = DEADLI
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def hub_requests_by(http: httpx.Client, user: str, verb: str | None = None, resource_prefix: str = "") -> int:
+    """Resource requests the hub served for `user` (its `/lab/v1/stats`), optionally only of one
+    verb on resources whose name starts with `resource_prefix` (`agents.`)."""
+    response = http.get("/lab/v1/stats")
+    response.raise_for_status()
+    stats = response.json()
+    if verb is None and not resource_prefix:
+        return int(stats["byUser"].get(user, 0))
+    return sum(
+        int(r["count"])
+        for r in stats["requests"]
+        if r["user"] == user
+        and (verb is None or r["verb"] == verb)
+        and r["resource"].startswith(resource_prefix)
+    )
+
+
 class HubClient:
     """Blocking REST calls with the admin token; errors raise `httpx.HTTPStatusError`."""
 

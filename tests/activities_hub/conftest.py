@@ -33,7 +33,7 @@ from activities.assisted import AssistedActivities
 from activities.hub import HubActivities
 from activities.kube import HubKube
 from lab.hub.testing import RunningHub, start_hub
-from lab.hub_controllers.testing import Lab, start_lab
+from lab.hub_controllers.testing import Lab, hub_requests_by, start_lab
 
 SHARED_CRD_DIR = Path("/work/shared/crds")
 LAB_CRD_DIR = Path(__file__).resolve().parents[2] / "lab" / "crds"
@@ -169,20 +169,7 @@ class Api:
         self.http.delete("/lab/v1/faults/api").raise_for_status()
 
     def requests_by(self, user: str, verb: str | None = None, resource_prefix: str = "") -> int:
-        """Resource requests the hub served for `user` (its `/lab/v1/stats`), optionally only of
-        one verb on resources whose name starts with `resource_prefix` (`agents.`)."""
-        response = self.http.get("/lab/v1/stats")
-        response.raise_for_status()
-        stats = response.json()
-        if verb is None and not resource_prefix:
-            return int(stats["byUser"].get(user, 0))
-        return sum(
-            int(r["count"])
-            for r in stats["requests"]
-            if r["user"] == user
-            and (verb is None or r["verb"] == verb)
-            and r["resource"].startswith(resource_prefix)
-        )
+        return hub_requests_by(self.http, user, verb, resource_prefix)
 
     # -- domain objects ---------------------------------------------------------------------
 

@@ -10,17 +10,11 @@ from collections.abc import Callable
 from lab.hub.testing import ADMIN_USER
 from lab.hub_controllers.kube import KubeApi, Obj
 from lab.hub_controllers.resources import SECRETS
-from lab.hub_controllers.testing import Lab
+from lab.hub_controllers.testing import Lab, hub_requests_by
 
 
 def _secret_gets(lab: Lab) -> int:
-    response = lab.client.http.get("/lab/v1/stats")
-    response.raise_for_status()
-    return sum(
-        int(r["count"])
-        for r in response.json()["requests"]
-        if r["user"] == ADMIN_USER and r["verb"] == "get" and r["resource"] == "secrets"
-    )
+    return hub_requests_by(lab.client.http, ADMIN_USER, "get", "secrets")
 
 
 def _labelled(key: str, value: str) -> Callable[[Obj], Obj | None]:
