@@ -816,9 +816,12 @@ class AssistedActivities:
             await asyncio.sleep(0.2)  # gone meanwhile: let the cache catch up rather than spin
 
     async def _fresh_match(self, input: WaitAgentInput) -> tuple[AgentMatch | None, list[KubeObject]]:
-        """_match_agent on the InfraEnv's Agents read from the hub, not from the cache (returned too)."""
+        """_match_agent on the InfraEnv's Agents as the hub holds them now (returned too): see
+        `HubKube.list_current`; the cache alone may lag a registration or miss a look-alike."""
         ref = input.infraenv
-        fresh = await self._kube.list(AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}")
+        fresh = await self._kube.list_current(
+            AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
+        )
         agent = _match_agent(input, fresh.items)
         if agent is not None:
             activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
@@ -911,7 +914,9 @@ class AssistedActivities:
         if not infraenv or not macs:
             return
         if peers is None:
-            listing = await self._kube.list(AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}")
+            listing = await self._kube.list_current(
+                AGENTS, namespace, label_selector=f"{INFRAENV_LABEL}={infraenv}"
+            )
             peers = listing.items
         sharing = sorted(
             str(meta(p).get("name"))
@@ -1135,7 +1140,9 @@ class AssistedActivities:
         Agents that are approved, bound or handed to a worker are never touched; those handed to the
         releasing worker (`input.worker`) are returned in `handed`, for the workflow to unbind."""
         ref, wanted = input.infraenv, set(input.macs)
-        listing = await self._kube.list(AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}")
+        listing = await self._kube.list_current(
+            AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
+        )
         result = ReleasedAgents()
         for agent in sorted(listing.items, key=lambda a: str(meta(a).get("name"))):
             labels, name = labels_of(agent), str(meta(agent).get("name"))

@@ -374,7 +374,8 @@ async def _sync_after_the_running_one(
 
 
 async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync:
-    """Level-based: replicas = the Agents handed to the NodePool now, from a fresh list.
+    """Level-based: replicas = the Agents handed to the NodePool now, from a fresh list
+    (`HubKube.list_current`: fresh metadata, the objects from the cache where it is up to date).
 
     Removal first: while an Agent marked for removal still holds its Machine, only the handed
     Agents that hold one count, so CAPI (which deletes only when Machines exceed replicas) removes
@@ -392,7 +393,7 @@ async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync
             )
         selector = nodepool_selector(obj)
         resource_version = meta(obj).get("resourceVersion")
-        listing = await kube.list(
+        listing = await kube.list_current(
             AGENTS,
             nodepool.agent_namespace,
             label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),

@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("osac.hub")
 
 T = TypeVar("T")
+JSON = "application/json"
+# client-go's metadata client asks the same, with whole objects as the fallback for an older server.
+METADATA_LIST_KIND = "PartialObjectMetadataList"
+METADATA_LIST_ACCEPT = f"{JSON};as={METADATA_LIST_KIND};g=meta.k8s.io;v=v1,{JSON}"
+# Objects behind the cache read one by one before a whole list is cheaper (at most a quarter).
+MAX_READS_BEHIND_CACHE = 8
 KubeObject = dict[str, Any]
 Transform = Callable[[KubeObject], KubeObject]
 Indexer = Callable[[KubeObject], Iterable[str]]
@@ -291,6 +297,12 @@ class HubStats:
         return sum(self.requests.values())
 
 
+def _object_list(data: KubeObject) -> ObjectList:
+    items = data.get("items") or []
+    rv = (data.get("metadata") or {}).get("resourceVersion")
+    return ObjectList(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
+
+
 class HubKube:
     """The hub's Kubernetes API for the activities: typed errors, a thread pool, shared informers."""
 
@@ -370,9 +382,10 @@ class HubKube:
         body: Any = None,
         content_type: str | None = None,
         timeout: tuple[float, float] | float | None = None,
+        accept: str = JSON,
     ) -> Any:
         """Send one request on the calling thread; return the client's RESTResponse (unread)."""
-        headers: dict[str, str] = {"Accept": "application/json"}
+        headers: dict[str, str] = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
@@ -404,10 +417,13 @@ class HubKube:
         query: Mapping[str, Any] | None,
         body: Any,
         content_type: str | None,
+        accept: str = JSON,
     ) -> KubeObject:
         self._count(verb)
         try:
-            response = self._open(method, path, query=query, body=body, content_type=content_type)
+            response = self._open(
+                method, path, query=query, body=body, content_type=content_type, accept=accept
+            )
             data = response.read()
         except ApiException as exc:
             raise map_api_exception(exc, verb, resource, namespace, name) from None
@@ -442,6 +458,7 @@ class HubKube:
         query: Mapping[str, Any] | None = None,
         body: Any = None,
         content_type: str | None = None,
+        accept: str = JSON,
     ) -> KubeObject:
         if self._closed:
             raise RuntimeError("HubKube is closed")
@@ -457,7 +474,7 @@ class HubKube:
                 return await loop.run_in_executor(
                     self._executor,
                     lambda: self._request_sync(
-                        verb, method, resource, namespace, name, path, query, body, content_type
+                        verb, method, resource, namespace, name, path, query, body, content_type, accept
                     ),
                 )
             except HubApiError as err:
@@ -490,10 +507,50 @@ class HubKube:
         """A fresh list from the hub (not the informer cache)."""
         query = {"labelSelector": label_selector, "fieldSelector": field_selector}
         path = resource.collection_path(namespace)
-        data = await self._request("list", "GET", resource, namespace, None, path, query=query)
-        items = data.get("items") or []
-        rv = (data.get("metadata") or {}).get("resourceVersion")
-        return ObjectList(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
+        return _object_list(await self._request("list", "GET", resource, namespace, None, path, query=query))
+
+    async def list_current(
+        self, resource: Resource, namespace: str | None, *, label_selector: str | None = None
+    ) -> ObjectList:
+        """What `list` returns, for a fraction of the bytes: the hub lists only the objects'
+        metadata, and each object the shared informer holds at that version (or newer) comes from
+        its cache; the others are read one by one, or listed in full when many are behind.
+
+        A full list of Agents carries every host's inventory, and each worker lists its InfraEnv's
+        Agents a few times: whole lists grew with the square of the workers in flight.
+        Falls back to `list` while the kind's informer is not synced (it is never started here), for
+        kinds the informer transforms, and on a hub that answers with whole objects.
+        The objects from the cache are shared with every waiter: read them, never modify them."""
+        informer = self._informers.get(resource)
+        if informer is None or not informer.synced or informer.transforms:
+            return await self.list(resource, namespace, label_selector=label_selector)
+        path = resource.collection_path(namespace)
+        query = {"labelSelector": label_selector}
+        data = await self._request(
+            "list", "GET", resource, namespace, None, path, query=query, accept=METADATA_LIST_ACCEPT
+        )
+        if data.get("kind") != METADATA_LIST_KIND:
+            return _object_list(data)  # a hub without metadata-only lists answered in full
+        listed = _object_list(data)
+        items: list[KubeObject | None] = []
+        behind: list[tuple[int, str, str]] = []  # (position, namespace, name) of the ones to read
+        for item in listed.items:
+            m = meta(item)
+            item_namespace, name = str(m.get("namespace") or namespace or ""), str(m.get("name") or "")
+            cached = informer.get(item_namespace, name)
+            if cached is not None and _at_least(cached, _resource_version(item)):
+                items.append(cached)
+            else:
+                behind.append((len(items), item_namespace, name))
+                items.append(None)
+        if len(behind) > max(MAX_READS_BEHIND_CACHE, len(items) // 4):
+            return await self.list(resource, namespace, label_selector=label_selector)
+        reads = await asyncio.gather(*(self.get_optional(resource, ns, name) for _, ns, name in behind))
+        for (position, _, _), obj in zip(behind, reads, strict=True):
+            items[position] = obj  # None: deleted since the list, as if listed a moment later
+        return ObjectList(
+            items=[obj for obj in items if obj is not None], resource_version=listed.resource_version
+        )
 
     async def create(self, resource: Resource, namespace: str | None, body: KubeObject) -> KubeObject:
         body = {"apiVersion": resource.api_version, "kind": resource.kind, **body}
@@ -832,6 +889,11 @@ class Informer:
         for key, obj in list(self._objects.items()):
             self._store(key, obj)
 
+    @property
+    def transforms(self) -> bool:
+        """Whether the cache keeps less (or other) than the hub serves."""
+        return self._transform is not None
+
     def transform(self, obj: KubeObject) -> KubeObject:
         """What the cache would keep of `obj` (e.g. a fresh read, before waiters look at it)."""
         return self._transform(obj) if self._transform else obj
@@ -1070,6 +1132,17 @@ def _older(obj: KubeObject, floor: str | None) -> bool:
     if not floor or not version or not (version.isdigit() and floor.isdigit()):
         return False
     return int(version) < int(floor)
+
+
+def _at_least(obj: KubeObject, version: str | None) -> bool:
+    """Whether `obj` is at `version` or newer. Newer only where both are integers, as
+    kube-apiserver guarantees since 1.35 (KEP-5504) and the twin issues; otherwise only equal."""
+    held = _resource_version(obj)
+    if not held or not version:
+        return False
+    if held == version:
+        return True
+    return held.isdigit() and version.isdigit() and int(held) > int(version)
 
 
 def now_rfc3339() -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from lab.hub import discovery, errors, table
+from lab.hub import discovery, errors, partial, table
 from lab.hub.errors import ApiError
 from lab.hub.hub import Hub
 from lab.hub.objects import DeleteOptions, FieldValidation, Propagation, Subresource, WriteOptions, parse_body
@@ -252,6 +252,8 @@ async def _handle(request: Request, group: str, version: str, rest: str) -> Resp
             if table.wants_table(accept):
                 meta = {"resourceVersion": obj["metadata"]["resourceVersion"]}
                 return json_response(table.table(rt, [obj], meta, query.get("includeObject", "Metadata")))
+            if partial.wants_object(accept):
+                return json_response(partial.partial_object(obj))
             return json_response(obj)
         case Verb.LIST:
             listed = _list(hub, target, request)
@@ -261,6 +263,8 @@ async def _handle(request: Request, group: str, version: str, rest: str) -> Resp
                         rt, listed["items"], listed["metadata"], query.get("includeObject", "Metadata")
                     )
                 )
+            if partial.wants_list(accept):
+                return json_response(partial.partial_list(listed))
             return json_response(listed)
         case Verb.WATCH:
             return _watch(hub, target, request, user)

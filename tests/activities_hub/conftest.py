@@ -391,6 +391,7 @@ class Kit:
     dumps: Callable[[Any], str] = dumps
     run: Callable[[], Run] = Run
     worker_user: str = WORKER_USER
+    worker_token: str = WORKER_TOKEN
 
 
 @pytest.fixture(scope="session")

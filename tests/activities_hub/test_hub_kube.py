@@ -354,3 +354,65 @@ async def test_a_keyed_waiter_hears_only_of_its_objects_and_reads_them_from_the_
     assert informer.indexed("elsewhere", ["team=red"]) == []
     with pytest.raises(ValueError, match="namespace"):
         await informer.wait(lambda: True, keys=["team=red"])
+
+
+async def test_list_current_lists_metadata_and_takes_up_to_date_objects_from_the_cache(
+    api, api_hub, kit, tmp_path
+):
+    """A whole list of Agents carries every host's inventory, and each worker lists its InfraEnv's
+    a few times. `list_current` answers what `list` would, from a metadata-only list and the
+    informer's cache, reading only the objects the cache is behind on."""
+    kube = HubKube.from_kubeconfig(
+        str(api_hub.write_kubeconfig(tmp_path / "kubeconfig", token=kit.worker_token))
+    )
+    ns, team = api.ns, "team=a"
+
+    def secret(name: str, team: str = "a") -> None:
+        api.create("Secret", {"metadata": {"name": name, "labels": {"team": team}}, "data": {"k": "dg=="}})
+
+    def requests() -> tuple[int, int]:
+        user = kit.worker_user
+        return (api.requests_by(user, "list", "secrets"), api.requests_by(user, "get", "secrets"))
+
+    async def same_as_a_full_list() -> list[dict[str, Any]]:
+        before = requests()
+        current = await kube.list_current(SECRETS, ns, label_selector=team)
+        used = tuple(b - a for a, b in zip(before, requests(), strict=True))
+        full = await kube.list(SECRETS, ns, label_selector=team)
+        assert current.items == full.items
+        current_requests.append(used)
+        return current.items
+
+    current_requests: list[tuple[int, int]] = []
+    try:
+        for i in range(12):
+            await asyncio.to_thread(secret, f"s{i:02}")
+        await asyncio.to_thread(secret, "other", "b")
+
+        # No informer of the kind yet: a plain list (none is started as a side effect).
+        assert len(await same_as_a_full_list()) == 12
+        assert current_requests.pop() == (1, 0) and kube._informers.get(SECRETS) is None
+
+        informer = kube.informer(SECRETS)
+        await informer.wait(lambda: len(informer.items(ns)) == 13 or None, namespace=ns)
+        items = await same_as_a_full_list()
+        assert current_requests.pop() == (1, 0)  # metadata only; every object from the cache
+        assert all(obj is informer.get(ns, obj["metadata"]["name"]) for obj in items)
+
+        # The cache falls behind (its watch stopped): what changed since is read, what went is not.
+        await informer.stop()
+        await asyncio.to_thread(api.patch, "Secret", "s01", {"metadata": {"labels": {"x": "1"}}})
+        await asyncio.to_thread(api.patch, "Secret", "s02", {"metadata": {"labels": {"team": "b"}}})
+        await asyncio.to_thread(api.delete, "Secret", "s03")
+        await asyncio.to_thread(secret, "s12")
+        items = await same_as_a_full_list()
+        assert current_requests.pop() == (1, 2)  # s01 and s12 read; s02 and s03 not listed
+        assert [o["metadata"]["name"] for o in items] == [f"s{i:02}" for i in range(13) if i not in (2, 3)]
+
+        # Too far behind: one whole list is cheaper than reading each.
+        for i in range(4, 12):
+            await asyncio.to_thread(api.patch, "Secret", f"s{i:02}", {"metadata": {"labels": {"x": "2"}}})
+        await same_as_a_full_list()
+        assert current_requests.pop() == (2, 0)
+    finally:
+        await kube.close()

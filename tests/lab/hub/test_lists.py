@@ -106,6 +106,31 @@ def test_a_bad_continue_token_is_rejected(http: httpx.Client, agents: str) -> No
     assert response.status_code == 400
 
 
+def test_metadata_only_lists_and_reads(http: httpx.Client, custom, agents: str) -> None:
+    """What client-go's metadata client asks for: each object reduced to its metadata, at the
+    version a full list reports; a client that cannot take it gets whole objects."""
+    path = f"/apis/{AGENT[0]}/{AGENT[1]}/namespaces/{agents}/agents"
+    accept = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+    listed = http.get(path, params={"labelSelector": "pool=gpu"}, headers={"Accept": accept}).json()
+    full = _names(custom, agents, label_selector="pool=gpu")
+    assert listed["kind"] == "PartialObjectMetadataList" and listed["apiVersion"] == "meta.k8s.io/v1"
+    assert [item["metadata"]["name"] for item in listed["items"]] == full == ["a1", "a2"]
+    assert all(set(item) == {"kind", "apiVersion", "metadata"} for item in listed["items"])
+    group, version, plural = AGENT
+    whole = custom.get_namespaced_custom_object(group, version, agents, plural, "a1")
+    assert listed["items"][0]["metadata"] == whole["metadata"]
+
+    one = http.get(
+        f"{path}/a1", headers={"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
+    ).json()
+    assert one == {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": whole["metadata"],
+    }
+    assert http.get(path, headers={"Accept": "application/json"}).json()["items"][0]["spec"]
+
+
 def test_label_selector_parsing_units() -> None:
     selector = parse_label_selector("a=1, b != 2, c in (x,y), d notin (z), e, !f, g>3")
     assert selector.matches({"a": "1", "c": "x", "e": "", "g": "4"})
