@@ -32,6 +32,9 @@ class RunHistory:
     # took to answer (started -> completed).
     workflow_task_queue_s: list[float] = field(default_factory=list)
     workflow_task_run_s: list[float] = field(default_factory=list)
+    # The same waits for a poller, by what made the task (the event just before its scheduling:
+    # workflow_execution_started, activity_task_completed, workflow_execution_signaled, ...).
+    workflow_task_queue_by_cause: dict[str, list[float]] = field(default_factory=dict)
 
 
 def _seconds(event: HistoryEvent) -> float:
@@ -66,14 +69,22 @@ def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[Histo
     run = RunHistory(workflow_id, run_id, workflow_type, len(events))
     by_scheduled: dict[int, ActivityCall] = {}
     task_times: dict[int, float] = {}  # event id of a workflow task's schedule or start -> its time
+    task_causes: dict[int, str] = {}  # event id of a workflow task's schedule -> what made it
+    previous = "none"
     for event in events:
-        run.event_types[EventType.Name(event.event_type)] += 1
+        name = EventType.Name(event.event_type)
+        run.event_types[name] += 1
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
             task_times[event.event_id] = _seconds(event)
+            task_causes[event.event_id] = previous
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-            scheduled_at = task_times.get(event.workflow_task_started_event_attributes.scheduled_event_id)
+            scheduled_id = event.workflow_task_started_event_attributes.scheduled_event_id
+            scheduled_at = task_times.get(scheduled_id)
             if scheduled_at is not None:
-                run.workflow_task_queue_s.append(_seconds(event) - scheduled_at)
+                waited = _seconds(event) - scheduled_at
+                run.workflow_task_queue_s.append(waited)
+                cause = task_causes.get(scheduled_id, "none")
+                run.workflow_task_queue_by_cause.setdefault(cause, []).append(waited)
             task_times[event.event_id] = _seconds(event)
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             started_at = task_times.get(event.workflow_task_completed_event_attributes.started_event_id)
@@ -98,6 +109,7 @@ def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[Histo
             closed = by_scheduled.get(attributes.scheduled_event_id)
             if closed is not None:
                 closed.closed = _seconds(event)
+        previous = name.removeprefix("EVENT_TYPE_").lower()
     return run
 
 

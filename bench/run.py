@@ -507,9 +507,14 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
     deciding: list[float] = []
     per_activity: dict[str, list[float]] = defaultdict(list)
     per_activity_queue: dict[str, list[float]] = defaultdict(list)
+    task_queued_by_cause: dict[str, list[float]] = defaultdict(list)
+    workers = 0
     for run in lc.histories:
         if run.workflow_type != WORKER_WORKFLOW:
             continue
+        workers += 1
+        for cause, waits in run.workflow_task_queue_by_cause.items():
+            task_queued_by_cause[cause] += waits
         task_queued.append(sum(run.workflow_task_queue_s))
         task_running.append(sum(run.workflow_task_run_s))
         q = r = d = 0.0
@@ -537,6 +542,17 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
         "activity_run_s_mean": {k: round(statistics.mean(v), 3) for k, v in sorted(per_activity.items())},
         "activity_queue_s_mean": {
             k: round(statistics.mean(v), 3) for k, v in sorted(per_activity_queue.items())
+        },
+        # Which workflow tasks wait for a poller: bursts (every worker started or signalled at
+        # once) queue differently from a steady stream of activity completions.
+        "workflow_task_queued_by_cause": {
+            cause: {
+                "tasks_per_worker": round(len(waits) / workers, 2),
+                "s_per_worker": round(sum(waits) / workers, 3),
+                "p50_s": round(statistics.median(waits), 3),
+                "p99_s": round(latency.percentile(waits, 99), 3),
+            }
+            for cause, waits in sorted(task_queued_by_cause.items())
         },
     }
 

@@ -59,5 +59,10 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert details["floor"]["audit_violations"] == 0
     split = details["floor"]["time_split_per_worker"]
     assert split["median_workflow_task_running_s"] > 0 and split["median_workflow_task_queued_s"] >= 0
+    by_cause = split["workflow_task_queued_by_cause"]
+    # Every worker's first task comes from its start; the rest from activities and signals.
+    assert by_cause["workflow_execution_started"]["tasks_per_worker"] == 1
+    assert by_cause["activity_task_completed"]["tasks_per_worker"] >= 4
+    assert all(c["p50_s"] <= c["p99_s"] and c["s_per_worker"] >= 0 for c in by_cause.values())
     assert details["cost_1x"]["audit_violations"] == 0
     assert details["density"]["workers"] == 3
