@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -315,8 +315,10 @@ class HubKube:
         watch_timeout_seconds: int = 300,
         relist_backoff: tuple[float, float] = (0.2, 10.0),
         transforms: Mapping[Resource, Transform] | None = None,
+        cache_catch_up_seconds: float = 2.0,
     ) -> None:
         self._api = api_client
+        self.cache_catch_up_seconds = cache_catch_up_seconds
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hub-kube")
         self._request_timeout = request_timeout
         self.watch_timeout_seconds = watch_timeout_seconds
@@ -513,8 +515,10 @@ class HubKube:
         self, resource: Resource, namespace: str | None, *, label_selector: str | None = None
     ) -> ObjectList:
         """What `list` returns, for a fraction of the bytes: the hub lists only the objects'
-        metadata, and each object the shared informer holds at that version (or newer) comes from
-        its cache; the others are read one by one, or listed in full when many are behind.
+        metadata, and each object comes from the shared informer's cache once it holds that version
+        (or a newer one). The cache follows the same hub a moment behind, so it is waited for
+        briefly (`cache_catch_up_seconds`); what it still lacks then is read one by one, or listed
+        in full when that is much.
 
         A full list of Agents carries every host's inventory, and each worker lists its InfraEnv's
         Agents a few times: whole lists grew with the square of the workers in flight.
@@ -532,22 +536,38 @@ class HubKube:
         if data.get("kind") != METADATA_LIST_KIND:
             return _object_list(data)  # a hub without metadata-only lists answered in full
         listed = _object_list(data)
-        items: list[KubeObject | None] = []
-        behind: list[tuple[int, str, str]] = []  # (position, namespace, name) of the ones to read
+        wanted: list[tuple[str, str, str | None]] = []  # namespace, name, version listed
         for item in listed.items:
             m = meta(item)
-            item_namespace, name = str(m.get("namespace") or namespace or ""), str(m.get("name") or "")
-            cached = informer.get(item_namespace, name)
-            if cached is not None and _at_least(cached, _resource_version(item)):
-                items.append(cached)
-            else:
-                behind.append((len(items), item_namespace, name))
-                items.append(None)
-        if len(behind) > max(MAX_READS_BEHIND_CACHE, len(items) // 4):
+            wanted.append(
+                (
+                    str(m.get("namespace") or namespace or ""),
+                    str(m.get("name") or ""),
+                    _resource_version(item),
+                )
+            )
+
+        def cached(entry: tuple[str, str, str | None]) -> KubeObject | None:
+            obj = informer.get(entry[0], entry[1])
+            return obj if obj is not None and _at_least(obj, entry[2]) else None
+
+        lagging = [entry for entry in wanted if cached(entry) is None]
+        if lagging and self.cache_catch_up_seconds > 0:
+            keys = [informer.name_key(name) for _, name, _ in lagging] if namespace else None
+            with contextlib.suppress(WaitTimedOut):
+                await informer.wait(
+                    lambda: True if all(cached(entry) is not None for entry in lagging) else None,
+                    namespace=namespace,
+                    keys=keys,
+                    deadline=datetime.now(UTC) + timedelta(seconds=self.cache_catch_up_seconds),
+                    tick_seconds=self.cache_catch_up_seconds,
+                )
+            lagging = [entry for entry in lagging if cached(entry) is None]
+        if len(lagging) > max(MAX_READS_BEHIND_CACHE, len(wanted) // 4):
             return await self.list(resource, namespace, label_selector=label_selector)
-        reads = await asyncio.gather(*(self.get_optional(resource, ns, name) for _, ns, name in behind))
-        for (position, _, _), obj in zip(behind, reads, strict=True):
-            items[position] = obj  # None: deleted since the list, as if listed a moment later
+        reads = await asyncio.gather(*(self.get_optional(resource, ns, name) for ns, name, _ in lagging))
+        read = dict(zip(lagging, reads, strict=True))  # None: deleted since the list
+        items = [read[entry] if entry in read else cached(entry) for entry in wanted]
         return ObjectList(
             items=[obj for obj in items if obj is not None], resource_version=listed.resource_version
         )

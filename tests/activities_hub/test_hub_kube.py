@@ -361,9 +361,10 @@ async def test_list_current_lists_metadata_and_takes_up_to_date_objects_from_the
 ):
     """A whole list of Agents carries every host's inventory, and each worker lists its InfraEnv's
     a few times. `list_current` answers what `list` would, from a metadata-only list and the
-    informer's cache, reading only the objects the cache is behind on."""
+    informer's cache, waiting for the cache a moment and reading only what it still lacks."""
     kube = HubKube.from_kubeconfig(
-        str(api_hub.write_kubeconfig(tmp_path / "kubeconfig", token=kit.worker_token))
+        str(api_hub.write_kubeconfig(tmp_path / "kubeconfig", token=kit.worker_token)),
+        cache_catch_up_seconds=0,  # first without waiting for the cache
     )
     ns, team = api.ns, "team=a"
 
@@ -400,7 +401,8 @@ async def test_list_current_lists_metadata_and_takes_up_to_date_objects_from_the
         assert current_requests.pop() == (1, 0)  # metadata only; every object from the cache
         assert all(obj is informer.get(ns, obj["metadata"]["name"]) for obj in items)
 
-        # The cache falls behind (its watch stopped): what changed since is read, what went is not.
+        # The cache is behind (its watch stopped) and not waited for: what changed since is read,
+        # what went is not.
         await informer.stop()
         await asyncio.to_thread(api.patch, "Secret", "s01", {"metadata": {"labels": {"x": "1"}}})
         await asyncio.to_thread(api.patch, "Secret", "s02", {"metadata": {"labels": {"team": "b"}}})
@@ -415,5 +417,12 @@ async def test_list_current_lists_metadata_and_takes_up_to_date_objects_from_the
             await asyncio.to_thread(api.patch, "Secret", f"s{i:02}", {"metadata": {"labels": {"x": "2"}}})
         await same_as_a_full_list()
         assert current_requests.pop() == (2, 0)
+
+        # Waited for, the cache catches up (the wait resumes its watch) and nothing is read.
+        kube.cache_catch_up_seconds = 60.0
+        for i in range(4, 8):
+            await asyncio.to_thread(api.patch, "Secret", f"s{i:02}", {"metadata": {"labels": {"x": "3"}}})
+        await asyncio.wait_for(same_as_a_full_list(), 60)
+        assert current_requests.pop() == (1, 0)
     finally:
         await kube.close()
