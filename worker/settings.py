@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from temporalio.worker import PollerBehaviorAutoscaling
 
 from activities.reporting import DEFAULT_BATCH_WINDOW_S
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
@@ -56,10 +55,6 @@ class Settings(BaseSettings):
     # Workflow tasks processed at once. They share one interpreter (the GIL): beyond a few, more only
     # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
     max_concurrent_workflow_tasks: int = Field(default=16, ge=2)
-    # Workflow-task pollers scale with the backlog the server reports, up to this many. The SDK's
-    # fixed 5 leave one poller for the normal queue (4 for the sticky one), where the first task of
-    # every new workflow waits: 500 workers started at once waited 10.7 s for it at p50.
-    max_workflow_task_pollers: int = Field(default=20, ge=2)
     # How long a task for a cached workflow waits for this process before the server gives it to
     # any worker instead: a timeout adds two events and a full replay. 60 s removed every timeout
     # at 500 workers in flight; after a crash the server stops using a queue nobody polls after 10 s.
@@ -85,9 +80,6 @@ class Settings(BaseSettings):
         return {
             "max_cached_workflows": self.max_cached_workflows,
             "max_concurrent_workflow_tasks": self.max_concurrent_workflow_tasks,
-            "workflow_task_poller_behavior": PollerBehaviorAutoscaling(
-                maximum=self.max_workflow_task_pollers
-            ),
             "sticky_queue_schedule_to_start_timeout": timedelta(seconds=self.sticky_queue_timeout_seconds),
             "max_concurrent_activities": self.max_concurrent_activities,
         }

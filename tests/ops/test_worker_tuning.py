@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
+from temporalio.worker import Worker
 
 from tests.ops.probe_workflows import EchoWorkflow
 from worker.settings import Settings
@@ -17,11 +17,9 @@ async def test_the_tuning_is_read_from_the_environment_and_taken_by_the_worker(
 ) -> None:
     monkeypatch.setenv("OSAC_STICKY_QUEUE_TIMEOUT_SECONDS", "45")
     monkeypatch.setenv("OSAC_MAX_CACHED_WORKFLOWS", "7")
-    monkeypatch.setenv("OSAC_MAX_WORKFLOW_TASK_POLLERS", "9")
     tuning = Settings().workflow_worker_tuning()
     assert tuning["sticky_queue_schedule_to_start_timeout"] == timedelta(seconds=45)
     assert tuning["max_cached_workflows"] == 7
-    assert tuning["workflow_task_poller_behavior"] == PollerBehaviorAutoscaling(maximum=9)
     worker = Worker(temporal_env.client, task_queue="tuning-probe", workflows=[EchoWorkflow], **tuning)
     config = worker.config()
     for option, value in tuning.items():
