@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     # makes each task slower, and a task over its 10 s timeout is thrown away and replayed.
     max_concurrent_workflow_tasks: int = Field(default=16, ge=2)
     # The SDK's 5 workflow-task pollers are kept: autoscaling up to 20 fetched the first tasks of a
-    # burst of new workflows sooner, and the running ones' tasks then waited behind them (round 8).
+    # burst of new workflows sooner; the running ones' tasks waited behind them (bench/README.md round 8).
     # How long a task for a cached workflow waits for this process before the server gives it to
     # any worker instead: a timeout adds two events and a full replay. 60 s removed every timeout
     # at 500 workers in flight; after a crash the server stops using a queue nobody polls after 10 s.
