@@ -389,7 +389,7 @@ class HubKube:
         """Send one request on the calling thread; return the client's RESTResponse (unread)."""
         headers: dict[str, str] = {"Accept": accept}
         if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
+            headers["Content-Type"] = content_type or JSON
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
         method_, url, header_params, body_, post_params = self._api.param_serialize(
             method=method,
@@ -549,7 +549,7 @@ class HubKube:
 
         def cached(entry: tuple[str, str, str | None]) -> KubeObject | None:
             obj = informer.get(entry[0], entry[1])
-            return obj if obj is not None and _at_least(obj, entry[2]) else None
+            return obj if obj is not None and _version_at_least(_resource_version(obj), entry[2]) else None
 
         def settled(entry: tuple[str, str, str | None]) -> bool:
             """In the cache at the listed version or newer, or gone from a cache that has seen
@@ -1158,29 +1158,27 @@ def _resource_version(obj: KubeObject | None) -> str | None:
     return str(value) if value else None
 
 
+def _compare_versions(a: str | None, b: str | None) -> int | None:
+    """-1, 0 or 1 as resourceVersion `a` is older than, equal to or newer than `b`; None when that
+    cannot be told. Integers compare as kube-apiserver guarantees since 1.35 (KEP-5504, within one
+    resource) and the twin issues; other strings only as equal."""
+    if not a or not b:
+        return None
+    if a == b:
+        return 0
+    if a.isdigit() and b.isdigit():
+        return -1 if int(a) < int(b) else 1
+    return None
+
+
 def _older(obj: KubeObject, floor: str | None) -> bool:
-    """Whether a cached object predates a version already read. resourceVersions are opaque to
-    clients, but every server in practice (etcd, the twin) issues increasing integers; anything
-    else is taken as not older."""
-    version = _resource_version(obj)
-    if not floor or not version or not (version.isdigit() and floor.isdigit()):
-        return False
-    return int(version) < int(floor)
-
-
-def _at_least(obj: KubeObject, version: str | None) -> bool:
-    """Whether `obj` is at `version` or newer."""
-    return _version_at_least(_resource_version(obj), version)
+    """Whether a cached object predates a version already read (not when that cannot be told)."""
+    return _compare_versions(_resource_version(obj), floor) == -1
 
 
 def _version_at_least(held: str | None, version: str | None) -> bool:
-    """Newer only where both are integers, as kube-apiserver guarantees since 1.35 (KEP-5504,
-    within one resource) and the twin issues; otherwise only equal."""
-    if not held or not version:
-        return False
-    if held == version:
-        return True
-    return held.isdigit() and version.isdigit() and int(held) > int(version)
+    """Whether `held` is `version` or newer (not when that cannot be told)."""
+    return _compare_versions(held, version) in (0, 1)
 
 
 def now_rfc3339() -> str:

@@ -508,11 +508,9 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
     per_activity: dict[str, list[float]] = defaultdict(list)
     per_activity_queue: dict[str, list[float]] = defaultdict(list)
     task_queued_by_cause: dict[str, list[float]] = defaultdict(list)
-    workers = 0
     for run in lc.histories:
         if run.workflow_type != WORKER_WORKFLOW:
             continue
-        workers += 1
         for cause, waits in run.workflow_task_queue_by_cause.items():
             task_queued_by_cause[cause] += waits
         task_queued.append(sum(run.workflow_task_queue_s))
@@ -547,8 +545,8 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
         # once) queue differently from a steady stream of activity completions.
         "workflow_task_queued_by_cause": {
             cause: {
-                "tasks_per_worker": round(len(waits) / workers, 2),
-                "s_per_worker": round(sum(waits) / workers, 3),
+                "tasks_per_worker": round(len(waits) / len(task_queued), 2),
+                "s_per_worker": round(sum(waits) / len(task_queued), 3),
                 "p50_s": round(statistics.median(waits), 3),
                 "p99_s": round(latency.percentile(waits, 99), 3),
             }
