@@ -804,6 +804,81 @@ def _iter_lines(response: Any) -> Iterator[bytes]:
         yield pending
 
 
+def _release(response: Any) -> None:
+    with contextlib.suppress(Exception):
+        response.release_conn()
+
+
+class _EventFeed:
+    """Carries a watch stream's events from the thread that reads (and decodes) them to the loop.
+
+    The thread reads on by itself, and the loop takes every event read since it last looked in one
+    go. With a round trip per line, a loop busy with hundreds of activities applied about one event
+    per turn, and the cache fell further behind with every burst of changes (bench/README.md, round 9).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_pending: int = 10_000) -> None:
+        self._loop = loop
+        self._max_pending = max_pending
+        self._lock = threading.Condition()
+        self._events: list[dict[str, Any]] = []
+        self._woken = False  # a wake-up is on its way to the loop
+        self._ended = False
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._ready = asyncio.Event()
+
+    def pump(self, events: Iterator[dict[str, Any]]) -> None:
+        """On the stream thread: read until the stream ends, fails or `stop` is called."""
+        error: BaseException | None = None
+        try:
+            for event in events:
+                with self._lock:
+                    # Bounded: a loop this far behind gets the hub's overflow close, not our memory.
+                    while len(self._events) >= self._max_pending and not self._stopped:
+                        self._lock.wait(1.0)
+                    if self._stopped:
+                        return
+                    self._events.append(event)
+                self._wake()
+        except Exception as exc:
+            error = exc
+        with self._lock:
+            self._ended, self._error = True, error
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._woken or self._stopped:
+                return
+            self._woken = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def take(self) -> list[dict[str, Any]]:
+        """Every event read since the last take, waiting for one; [] once the stream ended cleanly,
+        and the stream's error if it broke."""
+        while True:
+            with self._lock:
+                events, self._events = self._events, []
+                ended, error = self._ended, self._error
+                self._woken = False
+                self._ready.clear()
+                self._lock.notify_all()
+            if events:
+                return events
+            if ended:
+                if error is not None:
+                    raise error
+                return []
+            await self._ready.wait()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+
+
 class Informer:
     """One watch of one kind across all namespaces, a local cache, and waiters woken on change.
 
@@ -1101,18 +1176,24 @@ class Informer:
         self._response = response
         self.stats.watches += 1
         self.connected = True
-        lines = _iter_lines(response)
+        feed = _EventFeed(loop)
+        events = (json.loads(line) for line in _iter_lines(response))
+        pumping = loop.run_in_executor(stream_thread, feed.pump, events)
         try:
-            while True:
-                line = await loop.run_in_executor(stream_thread, next, lines, None)
-                if line is None:
-                    return self._delivered
-                self._apply(json.loads(line))
-                self._delivered += 1
+            while batch := await feed.take():
+                for event in batch:
+                    self._apply(event)
+                    self._delivered += 1
+            return self._delivered
         finally:
             self._response = None
-            with contextlib.suppress(Exception):
-                response.release_conn()
+            feed.stop()
+            if not pumping.done():
+                # Still reading (we stopped early): unblock it; the connection goes back once it ends.
+                with contextlib.suppress(Exception):
+                    if hasattr(response, "shutdown"):
+                        response.shutdown()
+            pumping.add_done_callback(lambda _: _release(response))
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

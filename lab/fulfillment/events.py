@@ -12,6 +12,8 @@ from lab.fulfillment.models import EventType
 
 # A subscriber this far behind is cut off: it re-lists after reconnecting, like a real client must.
 MAX_BUFFERED_EVENTS = 10_000
+# Events sent in one write at most, so one subscriber cannot hold the event loop for long.
+WATCH_WRITE_MAX_EVENTS = 500
 
 
 class Subscription:
@@ -40,6 +42,10 @@ class Subscription:
         while not self._items and not self.closed:
             self._wakeup.clear()
             await self._wakeup.wait()
+        return self._items.popleft() if self._items else None
+
+    def next_buffered(self) -> dict[str, Any] | None:
+        """The next event if one is already buffered, without waiting."""
         return self._items.popleft() if self._items else None
 
 

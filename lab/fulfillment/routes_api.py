@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from lab.fulfillment.catalog import CatalogStore
 from lab.fulfillment.celfilter import compile_filter
 from lab.fulfillment.deps import admin_caller, count_and_inject_faults, get_lab, read_json, tenant_caller
-from lab.fulfillment.events import Subscription
+from lab.fulfillment.events import WATCH_WRITE_MAX_EVENTS, Subscription
 from lab.fulfillment.lab import FulfillmentLab
 from lab.fulfillment.models import Resource
 from lab.fulfillment.objects import Caller, list_answer
@@ -125,7 +125,11 @@ def _catalog_routes(router: APIRouter, path: str, store_of: Any, caller_dep: Any
 async def _event_lines(lab: FulfillmentLab, sub: Subscription) -> AsyncIterator[bytes]:
     try:
         while (event := await sub.next()) is not None:
-            yield (json.dumps({"result": {"event": event}}) + "\n").encode()
+            # What is already buffered goes out in one write, so a burst does not take a write each.
+            events = [event]
+            while len(events) < WATCH_WRITE_MAX_EVENTS and (more := sub.next_buffered()) is not None:
+                events.append(more)
+            yield "".join(json.dumps({"result": {"event": e}}) + "\n" for e in events).encode()
     finally:
         lab.bus.unsubscribe(sub)
 

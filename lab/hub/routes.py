@@ -25,6 +25,8 @@ from lab.hub.stats import Verb
 from lab.hub.store import EventType, Watcher, encode_event
 
 JSON = "application/json"
+# Events sent in one write at most, so one watcher cannot hold the event loop for long.
+WATCH_WRITE_MAX_EVENTS = 500
 
 router = APIRouter()
 
@@ -459,10 +461,19 @@ async def _stream(
                 continue
             if data is None:
                 return
-            yield data
-            sent += 1
-            hub.stats.record_watch_event(user)
-            if hub.faults.cut_watch(user, watcher.rt, sent):
-                return
+            # Everything already queued goes out in one write, as the apiserver's watch does: one
+            # event per write would let a busy server fall further behind with every burst.
+            chunk = [data]
+            while True:
+                sent += 1
+                hub.stats.record_watch_event(user)
+                if hub.faults.cut_watch(user, watcher.rt, sent):
+                    yield b"".join(chunk)
+                    return
+                more = watcher.next_buffered() if len(chunk) < WATCH_WRITE_MAX_EVENTS else None
+                if more is None:
+                    break
+                chunk.append(more)
+            yield b"".join(chunk)
     finally:
         hub.store.unwatch(watcher)

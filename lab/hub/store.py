@@ -133,7 +133,18 @@ class Watcher:
             return None
         if self.backlog:
             return self.backlog.popleft()
+        if not self.queue.empty():
+            return self.queue.get_nowait()
         return await asyncio.wait_for(self.queue.get(), wait)
+
+    def next_buffered(self) -> bytes | None:
+        """The next line if one is already waiting, without waiting; None when none is (or closed:
+        `next` then says so)."""
+        if self.closed is not None:
+            return None
+        if self.backlog:
+            return self.backlog.popleft()
+        return None if self.queue.empty() else self.queue.get_nowait()
 
     def close(self, reason: CloseReason) -> None:
         if self.closed is not None:
