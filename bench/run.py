@@ -113,6 +113,7 @@ class Lifecycle:
     histories: list[RunHistory]
     bmaas_stats: dict[str, Any]
     hub_stats: dict[str, Any]
+    hub_watch_delay: dict[str, Any]
     worker_rss_mb: float
     worker_cpu_s: float
     violations: list[Any]
@@ -209,6 +210,7 @@ async def run_lifecycle(
                 observer.stop()
         sample = proc.sample(stack.worker_pid)
         bmaas_stats, hub_stats = await stack.bmaas_stats(), await stack.hub_stats()
+        hub_watch_delay = await stack.hub_watch_delay()
         audit, violations = await stack.audit(), await stack.audit_violations()
         histories = await _histories(stack, orders)
         result = Lifecycle(
@@ -220,6 +222,7 @@ async def run_lifecycle(
             histories=histories,
             bmaas_stats=bmaas_stats,
             hub_stats=hub_stats,
+            hub_watch_delay=hub_watch_delay,
             worker_rss_mb=sample.rss_mb,
             worker_cpu_s=sample.cpu_s,
             violations=violations,
@@ -468,6 +471,7 @@ def build_results(
                 for r in lc.hub_stats.get("requests", [])
             ],
             "hub_watch_events_sent": lc.hub_stats.get("watchEvents"),
+            "hub_watch_delay": lc.hub_watch_delay,
             "bmaas_requests_total": lc.bmaas_stats["total"],
             "bmaas_requests": lc.bmaas_stats.get("requests"),
             "history_event_types_per_worker": _event_types(lc),

@@ -197,6 +197,11 @@ class BenchStack:
     async def hub_stats(self) -> dict[str, Any]:
         return await lab_admin.stats(self.hub, excludeUser=[CONTROLLER_USER, BENCH_USER])
 
+    async def hub_watch_delay(self) -> dict[str, Any]:
+        """Per user (the worker, the controllers, the harness): how long the hub twin's watch events
+        waited between the write and the send. The harness's own watch dates the Agent changes."""
+        return dict((await lab_admin.stats(self.hub)).get("watchDelay") or {})
+
     async def audit(self) -> list[dict[str, Any]]:
         return await lab_admin.audit(self.bmaas)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -441,7 +441,7 @@ def _bookmark(rt: ResourceType, rv: int, initial_end: bool = False) -> bytes:
 
 async def _stream(
     hub: Hub, watcher: Watcher, duration: float, bookmarks: bool, user: str
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration
     sent = 0
@@ -466,7 +466,7 @@ async def _stream(
             chunk = [data]
             while True:
                 sent += 1
-                hub.stats.record_watch_event(user)
+                hub.stats.record_watch_event(user, watcher.last_delay)
                 if hub.faults.cut_watch(user, watcher.rt, sent):
                     yield b"".join(chunk)
                     return

@@ -35,6 +35,15 @@ class RequestCount(_Model):
     count: int
 
 
+class WatchDelay(_Model):
+    """How long a user's watch events waited in the hub between the write and their stream's send."""
+
+    events: int
+    p50_seconds: float
+    p99_seconds: float
+    max_seconds: float
+
+
 class StatsReport(_Model):
     total: int  # resource requests (discovery and openapi reads excluded)
     by_user: dict[str, int]
@@ -42,6 +51,7 @@ class StatsReport(_Model):
     requests: list[RequestCount]
     non_resource: dict[str, int]  # discovery/openapi/version reads, by user
     watch_events: dict[str, int]  # watch events sent, by user
+    watch_delay: dict[str, WatchDelay]  # of the events sent live (not replayed), by user
 
 
 class RequestStats:
@@ -49,6 +59,8 @@ class RequestStats:
         self._requests: Counter[tuple[str, Verb, str, str]] = Counter()
         self._non_resource: Counter[str] = Counter()
         self._watch_events: Counter[str] = Counter()
+        # Per user, delays in whole milliseconds: bounded memory however long the hub runs.
+        self._watch_delays: dict[str, Counter[int]] = {}
 
     def record(self, user: str, verb: Verb, resource: str, subresource: str = "") -> None:
         self._requests[(user, verb, resource, subresource)] += 1
@@ -56,13 +68,16 @@ class RequestStats:
     def record_non_resource(self, user: str) -> None:
         self._non_resource[user] += 1
 
-    def record_watch_event(self, user: str) -> None:
+    def record_watch_event(self, user: str, delay: float | None = None) -> None:
         self._watch_events[user] += 1
+        if delay is not None:
+            self._watch_delays.setdefault(user, Counter())[round(delay * 1000)] += 1
 
     def reset(self) -> None:
         self._requests.clear()
         self._non_resource.clear()
         self._watch_events.clear()
+        self._watch_delays.clear()
 
     def report(self, exclude_users: frozenset[str] = frozenset()) -> StatsReport:
         by_user: Counter[str] = Counter()
@@ -83,4 +98,27 @@ class RequestStats:
             requests=rows,
             non_resource={u: n for u, n in self._non_resource.items() if u not in exclude_users},
             watch_events={u: n for u, n in self._watch_events.items() if u not in exclude_users},
+            watch_delay={
+                u: _delay(ms) for u, ms in self._watch_delays.items() if u not in exclude_users and ms
+            },
         )
+
+
+def _delay(by_ms: Counter[int]) -> WatchDelay:
+    ordered = sorted(by_ms.items())
+    total = sum(by_ms.values())
+
+    def percentile(q: float) -> float:
+        rank, seen = max(1, round(q * total)), 0
+        for ms, count in ordered:
+            seen += count
+            if seen >= rank:
+                return ms / 1000
+        return ordered[-1][0] / 1000
+
+    return WatchDelay(
+        events=total,
+        p50_seconds=percentile(0.5),
+        p99_seconds=percentile(0.99),
+        max_seconds=ordered[-1][0] / 1000,
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from enum import StrEnum
@@ -85,6 +86,10 @@ class Watcher:
         # Initial and replayed events: not bounded by the queue size, they are sent first.
         self.backlog: deque[bytes] = deque()
         self.closed: CloseReason | None = None
+        # When each queued line was published, and how long the line last taken waited to be sent
+        # (None for a backlog line): the lab's own watch delay, which the reaction figures include.
+        self._queued_at: deque[float] = deque()
+        self.last_delay: float | None = None
 
     def matches(self, obj: Obj | None) -> bool:
         if obj is None:
@@ -124,6 +129,7 @@ class Watcher:
     def push(self, data: bytes) -> None:
         try:
             self.queue.put_nowait(data)
+            self._queued_at.append(time.monotonic())
         except asyncio.QueueFull:
             self.close(CloseReason.OVERFLOW)
 
@@ -132,10 +138,11 @@ class Watcher:
         if self.closed is not None:
             return None
         if self.backlog:
+            self.last_delay = None
             return self.backlog.popleft()
         if not self.queue.empty():
-            return self.queue.get_nowait()
-        return await asyncio.wait_for(self.queue.get(), wait)
+            return self._taken(self.queue.get_nowait())
+        return self._taken(await asyncio.wait_for(self.queue.get(), wait))
 
     def next_buffered(self) -> bytes | None:
         """The next line if one is already waiting, without waiting; None when none is (or closed:
@@ -143,8 +150,13 @@ class Watcher:
         if self.closed is not None:
             return None
         if self.backlog:
+            self.last_delay = None
             return self.backlog.popleft()
-        return None if self.queue.empty() else self.queue.get_nowait()
+        return None if self.queue.empty() else self._taken(self.queue.get_nowait())
+
+    def _taken(self, data: bytes | None) -> bytes | None:
+        self.last_delay = time.monotonic() - self._queued_at.popleft() if data is not None else None
+        return data
 
     def close(self, reason: CloseReason) -> None:
         if self.closed is not None:
@@ -154,6 +166,7 @@ class Watcher:
         self.backlog.clear()
         while not self.queue.empty():
             self.queue.get_nowait()
+        self._queued_at.clear()
         self.queue.put_nowait(None)  # wakes the stream
 
 

@@ -65,4 +65,11 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert by_cause["activity_task_completed"]["tasks_per_worker"] >= 4
     assert all(c["p50_s"] <= c["p99_s"] and c["s_per_worker"] >= 0 for c in by_cause.values())
     assert details["cost_1x"]["audit_violations"] == 0
+    # The hub twin's watch delay, for the worker's informers and the harness's own watch.
+    delays = details["cost_1x"]["hub_watch_delay"]
+    assert {"admin", "bench"} <= set(delays)
+    assert all(
+        0 <= d["p50Seconds"] <= d["p99Seconds"] <= d["maxSeconds"] and d["events"] > 0
+        for d in delays.values()
+    )
     assert details["density"]["workers"] == 3

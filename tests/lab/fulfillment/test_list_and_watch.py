@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
 from lab.fulfillment import FulfillmentConfig, FulfillmentLab, create_fulfillment_app
-from lab.fulfillment.models import BmiState
+from lab.fulfillment.events import EventBus
+from lab.fulfillment.models import BmiState, EventType
+from lab.fulfillment.routes_api import _event_lines
 from lab.fulfillment.testing import RunningFulfillmentTwin, bmi_body, fulfillment_twin, wait_until
 from lab.http_server import ThreadedServer
 
@@ -200,3 +204,30 @@ def test_subscribe_before_list_misses_nothing(twin: RunningFulfillmentTwin, admi
     created = admin.post(BMI, json=bmi_body("gap")).json()
     first = watcher.events(lambda ev: bool(ev))[0]
     assert (first["type"], first["bare_metal_instance"]["id"]) == ("EVENT_TYPE_OBJECT_CREATED", created["id"])
+
+
+def test_buffered_events_go_out_in_one_write() -> None:
+    """A subscriber that fell behind catches up in one write, not one write (and loop turn) per event."""
+
+    async def scenario() -> None:
+        bus = EventBus()
+        lab = SimpleNamespace(bus=bus)
+        sub = bus.subscribe(lambda event: True)
+        for index in range(3):
+            bus.publish(EventType.CREATED, "bare_metal_instance", {"id": f"b{index}"})
+        lines = _event_lines(cast(FulfillmentLab, lab), sub)
+        first = await anext(lines)
+        ids = [
+            json.loads(line)["result"]["event"]["bare_metal_instance"]["id"] for line in first.splitlines()
+        ]
+        assert ids == ["b0", "b1", "b2"]
+        bus.publish(EventType.UPDATED, "bare_metal_instance", {"id": "b0"})
+        later = await anext(lines)
+        assert [json.loads(line)["result"]["event"]["type"] for line in later.splitlines()] == [
+            EventType.UPDATED.value
+        ]
+        bus.close()
+        assert [chunk async for chunk in lines] == []
+        assert bus.subscriber_count == 0
+
+    asyncio.run(scenario())

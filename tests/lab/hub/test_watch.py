@@ -15,7 +15,11 @@ import pytest
 from kubernetes.client import ApiException
 
 from lab.hub.builtin import builtin_types
+from lab.hub.config import HubConfig
+from lab.hub.hub import Hub
+from lab.hub.objects import WriteOptions
 from lab.hub.resources import Registry
+from lab.hub.routes import _stream
 from lab.hub.selectors import FieldSelector, LabelSelector
 from lab.hub.store import CloseReason, Store
 from lab.hub.testing import CO, RunningHub, running_hub, sample_cluster_order, wait_for
@@ -295,5 +299,51 @@ def test_a_slow_watcher_is_closed_instead_of_buffering_forever() -> None:
         assert slow.closed is CloseReason.OVERFLOW
         assert await slow.next(1) is None
         assert fast.closed is None and received == 5
+
+    asyncio.run(scenario())
+
+
+def test_what_is_queued_goes_out_in_one_write() -> None:
+    """A stream that fell behind catches up in one write, not one write (and loop turn) per event."""
+
+    async def scenario() -> None:
+        hub = Hub(HubConfig(tokens={}))
+        secrets = hub.resource("", "v1", "secrets")
+        assert secrets is not None
+        watcher = hub.store.watch(secrets, "default", LabelSelector(), FieldSelector(), since=None)
+        for index in range(5):
+            body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"s{index}"}}
+            hub.api.create(secrets, "default", body, WriteOptions())
+        stream = _stream(hub, watcher, 5.0, False, "admin")
+        first = await anext(stream)
+        events = [json.loads(line) for line in first.splitlines()]
+        assert [e["object"]["metadata"]["name"] for e in events] == [f"s{i}" for i in range(5)]
+        assert {e["type"] for e in events} == {"ADDED"}
+        assert hub.stats.report().watch_events == {"admin": 5}
+        # The next write waits for the next change, and carries only it.
+        hub.api.create(secrets, "default", {**body, "metadata": {"name": "later"}}, WriteOptions())
+        later = await anext(stream)
+        assert [json.loads(line)["object"]["metadata"]["name"] for line in later.splitlines()] == ["later"]
+        await stream.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_the_watch_delay_is_counted_per_user() -> None:
+    """How long live events waited between the write and the send: the lab's share of a reaction."""
+
+    async def scenario() -> None:
+        hub = Hub(HubConfig(tokens={}))
+        secrets = hub.resource("", "v1", "secrets")
+        assert secrets is not None
+        watcher = hub.store.watch(secrets, "default", LabelSelector(), FieldSelector(), since=None)
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}
+        hub.api.create(secrets, "default", body, WriteOptions())
+        await asyncio.sleep(0.05)  # the event waits this long at least before its stream takes it
+        stream = _stream(hub, watcher, 5.0, False, "admin")
+        await anext(stream)
+        await stream.aclose()
+        delay = hub.stats.report().watch_delay["admin"]
+        assert delay.events == 1 and 0.05 <= delay.p50_seconds == delay.p99_seconds == delay.max_seconds < 30
 
     asyncio.run(scenario())
