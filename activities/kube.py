@@ -873,10 +873,12 @@ class _EventFeed:
                 return []
             await self._ready.wait()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop taking events; whether the stream had ended by itself."""
         with self._lock:
             self._stopped = True
             self._lock.notify_all()
+            return self._ended
 
 
 class Informer:
@@ -1187,8 +1189,7 @@ class Informer:
             return self._delivered
         finally:
             self._response = None
-            feed.stop()
-            if not pumping.done():
+            if not feed.stop():
                 # Still reading (we stopped early): unblock it; the connection goes back once it ends.
                 with contextlib.suppress(Exception):
                     if hasattr(response, "shutdown"):

@@ -31,6 +31,7 @@ async def test_a_burst_read_while_the_loop_was_busy_arrives_in_one_take() -> Non
     assert not reader.is_alive()
     assert _names(await feed.take()) == [f"o{i}" for i in range(1000)]
     assert await feed.take() == []  # the stream ended cleanly
+    assert feed.stop()  # and says so: its connection can be reused
 
 
 async def test_events_keep_coming_as_they_are_read() -> None:
@@ -82,6 +83,6 @@ async def test_the_reader_waits_at_the_bound_and_stop_releases_it() -> None:
     # Read ahead by at most the bound, plus the one event it holds while it waits.
     assert pulled <= len(received) + 3 + 1
     assert reader.is_alive()
-    feed.stop()
+    assert not feed.stop()  # still reading: the informer shuts the stream down
     reader.join(30)
     assert not reader.is_alive()
