@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueKind
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
@@ -35,6 +35,10 @@ class RunHistory:
     # The same waits for a poller, by what made the task (the event just before its scheduling:
     # workflow_execution_started, activity_task_completed, workflow_execution_signaled, ...).
     workflow_task_queue_by_cause: dict[str, list[float]] = field(default_factory=dict)
+    # Workflow tasks given to the task queue rather than to the worker holding the workflow (its
+    # sticky queue): the first, then one after each eviction from the cache or sticky timeout,
+    # each a replay of the whole history.
+    workflow_tasks_not_sticky: int = 0
 
 
 def _seconds(event: HistoryEvent) -> float:
@@ -76,6 +80,9 @@ def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[Histo
         run.event_types[name] += 1
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
             task_times[event.event_id] = _seconds(event)
+            kind = event.workflow_task_scheduled_event_attributes.task_queue.kind
+            if kind != TaskQueueKind.TASK_QUEUE_KIND_STICKY:
+                run.workflow_tasks_not_sticky += 1
             task_causes[event.event_id] = previous
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
             scheduled_id = event.workflow_task_started_event_attributes.scheduled_event_id

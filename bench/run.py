@@ -512,9 +512,11 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
     per_activity: dict[str, list[float]] = defaultdict(list)
     per_activity_queue: dict[str, list[float]] = defaultdict(list)
     task_queued_by_cause: dict[str, list[float]] = defaultdict(list)
+    not_sticky: list[int] = []
     for run in lc.histories:
         if run.workflow_type != WORKER_WORKFLOW:
             continue
+        not_sticky.append(run.workflow_tasks_not_sticky)
         for cause, waits in run.workflow_task_queue_by_cause.items():
             task_queued_by_cause[cause] += waits
         task_queued.append(sum(run.workflow_task_queue_s))
@@ -545,6 +547,10 @@ def time_split(lc: Lifecycle) -> dict[str, Any]:
         "activity_queue_s_mean": {
             k: round(statistics.mean(v), 3) for k, v in sorted(per_activity_queue.items())
         },
+        # Replays: tasks that went to the task queue instead of the worker's cache, after the first.
+        "workflow_tasks_replayed_per_run": (
+            round(statistics.mean(n - 1 for n in not_sticky), 3) if not_sticky else None
+        ),
         # Which workflow tasks wait for a poller: bursts (every worker started or signalled at
         # once) queue differently from a steady stream of activity completions.
         "workflow_task_queued_by_cause": {

@@ -64,6 +64,7 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert by_cause["workflow_execution_started"]["tasks_per_worker"] == 1
     assert by_cause["activity_task_completed"]["tasks_per_worker"] >= 4
     assert all(c["p50_s"] <= c["p99_s"] and c["s_per_worker"] >= 0 for c in by_cause.values())
+    assert split["workflow_tasks_replayed_per_run"] >= 0
     assert details["cost_1x"]["audit_violations"] == 0
     # The hub twin's watch delay, for the worker's informers and the harness's own watch.
     delays = details["cost_1x"]["hub_watch_delay"]
