@@ -41,6 +41,7 @@ from activities.hub import (
     tick_seconds,
     write_order_event,
 )
+from activities.inflight import InFlight
 from activities.kube import (
     AGENTS,
     CLUSTER_ORDERS,
@@ -298,6 +299,7 @@ class AssistedActivities:
         self._kube = kube
         kube.informer(AGENTS).add_index(agent_index_keys)
         self._http = http
+        self._ignitions: InFlight[tuple[str, str], str] = InFlight()
         self._heartbeat_every = heartbeat_every
         self._default_pull_secret = default_pull_secret
         self._warn_bytes = ignition_warn_bytes
@@ -569,7 +571,13 @@ class AssistedActivities:
         """The InfraEnv's discovery ignition, fetched from its (tokened) URL. Never logged.
 
         Above the warning size a DiscoveryIgnitionSizeWarning Event goes to the ClusterOrder;
-        above the limit (the BMI user_data maximum) non-retryable DiscoveryIgnitionTooLarge."""
+        above the limit (the BMI user_data maximum) non-retryable DiscoveryIgnitionTooLarge.
+        The workers of a scale-up ask at once: they share one fetch (see `InFlight`)."""
+        return await self._ignitions.run(
+            (namespace, infraenv_name), lambda: self._discovery_ignition(namespace, infraenv_name)
+        )
+
+    async def _discovery_ignition(self, namespace: str, infraenv_name: str) -> str:
         try:
             infraenv = await self._kube.get(INFRA_ENVS, namespace, infraenv_name)
         except HubNotFound:

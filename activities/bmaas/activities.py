@@ -20,6 +20,7 @@ from activities.bmaas.client import CLUSTER_VERSIONS, DISK_IMAGES, INSTANCE_TYPE
 from activities.bmaas.errors import BmaasApiError, redact
 from activities.bmaas.snapshot import BmiSnapshot
 from activities.bmaas.watcher import GONE, LIST_FILTER, BmiWatcher, Observed
+from activities.inflight import InFlight
 from activities.reporting import delivers_reports
 from contracts.bmaas import (
     CAAS_CATALOG_ITEM,
@@ -98,6 +99,7 @@ class BmaasActivities:
         self.client = client
         self.watcher = watcher
         self.ignition = ignition
+        self._boot_images: InFlight[str, BootImage] = InFlight()
         self.catalog_item = catalog_item
         self.heartbeat_interval = heartbeat_interval
 
@@ -333,7 +335,11 @@ class BmaasActivities:
 
     @activity.defn
     async def resolve_boot_image(self, req: ResolveBootImageInput) -> BootImage:
-        """The RHCOS DiskImage for a release: ClusterVersion(spec.image) → spec.disk_image → DiskImage."""
+        """The RHCOS DiskImage for a release: ClusterVersion(spec.image) → spec.disk_image → DiskImage.
+        Workers of a scale-up ask at once: they share one lookup (see `InFlight`)."""
+        return await self._boot_images.run(req.release_image, lambda: self._resolve_boot_image(req))
+
+    async def _resolve_boot_image(self, req: ResolveBootImageInput) -> BootImage:
         cel = f"this.spec.image == {cel_string(req.release_image)}"
         versions = await self.client.list_all(CLUSTER_VERSIONS, cel)
         versions = sorted(

@@ -183,3 +183,24 @@ async def test_wait_sees_bmis_created_before_the_watcher(harness: Harness) -> No
 
 async def _known(harness: Harness, bmi_id: str) -> bool:
     return harness.watcher.observed(bmi_id) is not None
+
+
+async def test_workers_resolving_at_once_share_one_lookup(harness: Harness) -> None:
+    """A scale-up's workers resolve the same release at the same moment: one ClusterVersion list
+    and one DiskImage read serve them all."""
+    before = await harness.lab.stats()
+    images = await asyncio.gather(
+        *(
+            harness.run(harness.acts.resolve_boot_image, ResolveBootImageInput(release_image=RELEASE_IMAGE))
+            for _ in range(5)
+        )
+    )
+    assert {i.disk_image_id for i in images} == {seeded_id("disk_image", DISK_IMAGE_NAME)}
+    after = await harness.lab.stats()
+    sent = {
+        route: after[route] - before.get(route, 0) for route in after if after[route] != before.get(route, 0)
+    }
+    assert sent == {
+        "GET /api/private/v1/cluster_versions": 1,
+        "GET /api/private/v1/disk_images/{id}": 1,
+    }

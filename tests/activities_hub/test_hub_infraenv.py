@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,7 @@ from contracts.refs import OrderRef
 from lab.http_server import ThreadedServer
 
 TOKEN = "IGNITION-URL-TOKEN-7f3a9c"
+IMAGE_SERVICE_HITS: Counter[str] = Counter()
 
 
 def order_ref(api, name: str = "order-1") -> OrderRef:
@@ -207,6 +209,11 @@ def image_service() -> Iterator[str]:
 
         return StreamingResponse(gen(), media_type="application/json")
 
+    @app.get("/counted/{size}")
+    async def counted(size: int) -> Response:
+        IMAGE_SERVICE_HITS["counted"] += 1
+        return Response(_ignition_of_size(size), media_type="application/json")
+
     @app.get("/broken")
     async def broken() -> Response:
         return Response("boom", status_code=503)
@@ -230,6 +237,19 @@ async def _infraenv_serving(api, assisted, kit, url: str) -> InfraEnvRef:
         status=True,
     )
     return InfraEnvRef.for_order(order_ref(api))
+
+
+async def test_workers_creating_at_once_share_one_ignition_fetch(api, api_assisted, image_service, kit):
+    ref = await _infraenv_serving(api, api_assisted, kit, f"{image_service}/counted/{20 * 1024}")
+    before = IMAGE_SERVICE_HITS["counted"]
+    texts = await asyncio.gather(
+        *(api_assisted.discovery_ignition(ref.namespace, ref.name) for _ in range(5))
+    )
+    assert len(set(texts)) == 1 and len(texts[0].encode()) == 20 * 1024
+    assert IMAGE_SERVICE_HITS["counted"] - before == 1
+    # Nothing is kept: a later creation fetches the current ignition.
+    await api_assisted.discovery_ignition(ref.namespace, ref.name)
+    assert IMAGE_SERVICE_HITS["counted"] - before == 2
 
 
 def _size_events(api) -> list[dict]:
