@@ -3,7 +3,7 @@
 When a cluster scales up, its workers create their hosts at the same moment, and each asks the same
 questions: which disk image boots this release, what is the cluster's discovery ignition. `InFlight`
 lets the second asker await the first one's request instead of sending its own. Nothing is kept
-once the request ends: an answer is never older than a request sent while its caller was asking.
+once the request ends, so every answer comes from a request still in flight when its caller asked.
 Only for reads whose answer does not depend on who asks, and that no caller's own write precedes.
 """
 
