@@ -303,28 +303,40 @@ def test_a_slow_watcher_is_closed_instead_of_buffering_forever() -> None:
     asyncio.run(scenario())
 
 
+class _SecretsWatch:
+    """A hub (no HTTP) with a watch of the default namespace's Secrets, and its stream as sent."""
+
+    def __init__(self) -> None:
+        self.hub = Hub(HubConfig(tokens={}))
+        secrets = self.hub.resource("", "v1", "secrets")
+        assert secrets is not None
+        self.secrets = secrets
+        watcher = self.hub.store.watch(secrets, "default", LabelSelector(), FieldSelector(), since=None)
+        self.stream = _stream(self.hub, watcher, 5.0, False, "admin")
+
+    def create(self, name: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}
+        self.hub.api.create(self.secrets, "default", body, WriteOptions())
+
+    async def next_write(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (await anext(self.stream)).splitlines()]
+
+
 def test_what_is_queued_goes_out_in_one_write() -> None:
     """A stream that fell behind catches up in one write, not one write (and loop turn) per event."""
 
     async def scenario() -> None:
-        hub = Hub(HubConfig(tokens={}))
-        secrets = hub.resource("", "v1", "secrets")
-        assert secrets is not None
-        watcher = hub.store.watch(secrets, "default", LabelSelector(), FieldSelector(), since=None)
+        watch = _SecretsWatch()
         for index in range(5):
-            body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"s{index}"}}
-            hub.api.create(secrets, "default", body, WriteOptions())
-        stream = _stream(hub, watcher, 5.0, False, "admin")
-        first = await anext(stream)
-        events = [json.loads(line) for line in first.splitlines()]
+            watch.create(f"s{index}")
+        events = await watch.next_write()
         assert [e["object"]["metadata"]["name"] for e in events] == [f"s{i}" for i in range(5)]
         assert {e["type"] for e in events} == {"ADDED"}
-        assert hub.stats.report().watch_events == {"admin": 5}
+        assert watch.hub.stats.report().watch_events == {"admin": 5}
         # The next write waits for the next change, and carries only it.
-        hub.api.create(secrets, "default", {**body, "metadata": {"name": "later"}}, WriteOptions())
-        later = await anext(stream)
-        assert [json.loads(line)["object"]["metadata"]["name"] for line in later.splitlines()] == ["later"]
-        await stream.aclose()
+        watch.create("later")
+        assert [e["object"]["metadata"]["name"] for e in await watch.next_write()] == ["later"]
+        await watch.stream.aclose()
 
     asyncio.run(scenario())
 
@@ -333,17 +345,12 @@ def test_the_watch_delay_is_counted_per_user() -> None:
     """How long live events waited between the write and the send: the lab's share of a reaction."""
 
     async def scenario() -> None:
-        hub = Hub(HubConfig(tokens={}))
-        secrets = hub.resource("", "v1", "secrets")
-        assert secrets is not None
-        watcher = hub.store.watch(secrets, "default", LabelSelector(), FieldSelector(), since=None)
-        body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}
-        hub.api.create(secrets, "default", body, WriteOptions())
+        watch = _SecretsWatch()
+        watch.create("s")
         await asyncio.sleep(0.05)  # the event waits this long at least before its stream takes it
-        stream = _stream(hub, watcher, 5.0, False, "admin")
-        await anext(stream)
-        await stream.aclose()
-        delay = hub.stats.report().watch_delay["admin"]
+        await watch.next_write()
+        await watch.stream.aclose()
+        delay = watch.hub.stats.report().watch_delay["admin"]
         assert delay.events == 1 and 0.05 <= delay.p50_seconds == delay.p99_seconds == delay.max_seconds < 30
 
     asyncio.run(scenario())
