@@ -804,6 +804,12 @@ def _iter_lines(response: Any) -> Iterator[bytes]:
         yield pending
 
 
+def _shut_down(response: Any) -> None:
+    """End a blocked read of a watch stream at once (urllib3's `shutdown`)."""
+    with contextlib.suppress(Exception):
+        response.shutdown()
+
+
 def _release(response: Any) -> None:
     with contextlib.suppress(Exception):
         response.release_conn()
@@ -840,18 +846,24 @@ class _EventFeed:
                     if self._stopped:
                         return
                     self._events.append(event)
-                self._wake()
+                    wake = self._wake_due()
+                if wake:
+                    self._wake()
         except Exception as exc:
             error = exc
         with self._lock:
             self._ended, self._error = True, error
-        self._wake()
+            wake = self._wake_due()
+        if wake:
+            self._wake()
+
+    def _wake_due(self) -> bool:
+        """Under the lock: whether the loop needs a wake-up (none is on its way yet)."""
+        due = not self._woken and not self._stopped
+        self._woken = True
+        return due
 
     def _wake(self) -> None:
-        with self._lock:
-            if self._woken or self._stopped:
-                return
-            self._woken = True
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
             self._loop.call_soon_threadsafe(self._ready.set)
 
@@ -945,14 +957,12 @@ class Informer:
             self._stream_thread = None
 
     def _shutdown_stream(self) -> None:
-        """Unblock the stream thread (urllib3 2.3+ `shutdown`, else close)."""
+        """Unblock the stream thread."""
         response = self._response
         if response is None:
             return
-        with contextlib.suppress(Exception):
-            if hasattr(response, "shutdown"):
-                response.shutdown()
-            response.release_conn()
+        _shut_down(response)
+        _release(response)
 
     @property
     def synced(self) -> bool:
@@ -1191,9 +1201,7 @@ class Informer:
             self._response = None
             if not feed.stop():
                 # Still reading (we stopped early): unblock it; the connection goes back once it ends.
-                with contextlib.suppress(Exception):
-                    if hasattr(response, "shutdown"):
-                        response.shutdown()
+                _shut_down(response)
             pumping.add_done_callback(lambda _: _release(response))
 
     def _apply(self, event: dict[str, Any]) -> None:

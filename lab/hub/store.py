@@ -137,11 +137,9 @@ class Watcher:
         """The next line to send; None when closed. Raises TimeoutError when nothing came in time."""
         if self.closed is not None:
             return None
-        if self.backlog:
-            self.last_delay = None
-            return self.backlog.popleft()
-        if not self.queue.empty():
-            return self._taken(self.queue.get_nowait())
+        buffered = self.next_buffered()
+        if buffered is not None:
+            return buffered
         return self._taken(await asyncio.wait_for(self.queue.get(), wait))
 
     def next_buffered(self) -> bytes | None:
