@@ -7,6 +7,7 @@ the hub twin is exercised the way production exercises the real hub.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -99,6 +100,12 @@ def split_key(key: str) -> tuple[str | None, str]:
 
 Mutator = Callable[[Obj], Obj | None]
 
+# Requests (not watches) in flight at once. A burst beyond this waits here, in order and at no cost:
+# waiting in httpcore's pool instead costs CPU quadratic in the queue (it matches every waiting
+# request against every connection on each change), which in a burst of 500 registrations starved
+# the hub's own thread and collapsed the twins. All of them stay alive: reconnecting costs more.
+MAX_REQUESTS_IN_FLIGHT = 64
+
 
 class KubeApi:
     """Typed-enough REST verbs; every error surfaces as `ApiError` with the server's reason."""
@@ -107,11 +114,15 @@ class KubeApi:
         self, base_url: str, token: str, *, timeout: float = 30.0, verify: bool | ssl.SSLContext = True
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._timeout = timeout
+        self._in_flight = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             verify=verify,
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
             timeout=httpx.Timeout(timeout, connect=5.0),
+            # Watches hold connections of their own beside the requests.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_REQUESTS_IN_FLIGHT),
         )
 
     async def aclose(self) -> None:
@@ -128,7 +139,19 @@ class KubeApi:
     ) -> Obj:
         content = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": content_type} if content is not None else None
-        response = await self._client.request(method, path, params=params, content=content, headers=headers)
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._in_flight.acquire()
+        except TimeoutError:
+            # What the pool raised when it waited this long: callers treat it as the hub unreachable.
+            busy = f"{MAX_REQUESTS_IN_FLIGHT} requests in flight for {self._timeout:.0f}s"
+            raise httpx.PoolTimeout(busy) from None
+        try:
+            response = await self._client.request(
+                method, path, params=params, content=content, headers=headers
+            )
+        finally:
+            self._in_flight.release()
         if response.status_code >= 400:
             raise _error_from(response)
         result: Obj = response.json() if response.content else {}
