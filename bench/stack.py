@@ -23,7 +23,6 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
-from temporalio.service import RPCError
 
 from bench.twins import BENCH_USER, TwinsInfo, TwinsProcess
 from contracts.refs import OrderRef
@@ -31,7 +30,7 @@ from contracts.worker import TimingPolicy
 from contracts.workflows import DEFAULT_MAX_WORKERS_PER_ORDER, NodeSetRequest
 from lab import admin as lab_admin
 from lab.hub.testing import CONTROLLER_USER
-from starter.api import CommandError, WorkersApi
+from starter.api import WorkersApi
 
 T = TypeVar("T")
 
@@ -138,11 +137,15 @@ class BenchStack:
         (await self.hub.post(path, json=body)).raise_for_status()
         return ref
 
-    async def _cluster_ready(self, ref: OrderRef) -> bool:
+    async def _order_status(self, ref: OrderRef) -> dict[str, Any]:
         path = f"{CLUSTER_ORDERS}/namespaces/{ref.namespace}/clusterorders/{ref.name}"
         response = await self.hub.get(path)
         response.raise_for_status()
-        return bool((response.json().get("status") or {}).get("clusterReference"))
+        status = response.json().get("status")
+        return status if isinstance(status, dict) else {}
+
+    async def _cluster_ready(self, ref: OrderRef) -> bool:
+        return bool((await self._order_status(ref)).get("clusterReference"))
 
     async def apply(self, orders: list[Order]) -> None:
         await asyncio.gather(
@@ -157,33 +160,29 @@ class BenchStack:
         )
 
     async def wait_ready(self, orders: list[Order], timeout: float) -> None:
+        """Until every order's ClusterOrder shows all its workers Ready, as the tenant sees it. Read
+        from the hub (the harness's requests are not counted), not queried from the workflows: a
+        query is answered by the worker under test, and polling it would load what is measured."""
         wanted = sum(o.workers for o in orders)
         seen = {"ready": 0}
 
         async def all_ready() -> bool:
             ready = current = 0
             for order in orders:
-                try:
-                    status = await self.api.status(order.ref)
-                except (RPCError, CommandError):  # e.g. a query timing out on a swamped worker
-                    return False
-                ready += min(status.ready_workers, order.workers)
-                current += status.current_workers
+                status = await self._order_status(order.ref)
+                ready += min(int(status.get("readyWorkers") or 0), order.workers)
+                current += int(status.get("currentWorkers") or 0)
             seen["ready"] = ready
             return ready == wanted and current == wanted
 
-        # Every probe is a query answered by the worker: poll gently, the figures include its cost.
         try:
             await eventually(all_ready, f"{wanted} Ready workers", timeout, 0.5)
         except TimeoutError as err:
             raise TimeoutError(f"{err}; {seen['ready']} of {wanted} were Ready") from None
 
     async def ready_count(self, orders: list[Order]) -> int:
-        total = 0
-        for order in orders:
-            with contextlib.suppress(RPCError, CommandError):
-                total += (await self.api.status(order.ref)).ready_workers
-        return total
+        statuses = [await self._order_status(order.ref) for order in orders]
+        return sum(int(status.get("readyWorkers") or 0) for status in statuses)
 
     async def decommission(self, orders: list[Order], timeout: float) -> None:
         await asyncio.gather(*(self.api.decommission(o.ref) for o in orders))
