@@ -6,10 +6,12 @@ import asyncio
 import base64
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from lab.hub_controllers.agent_boot import AgentBootSeam, BootOutcome, agent_host_id
-from lab.hub_controllers.ignition import render_discovery_ignition
+from lab.hub_controllers.faults import FaultBook
+from lab.hub_controllers.ignition import DiscoveryAgentConfig, render_discovery_ignition
 from lab.hub_controllers.resources import AGENTS, INFRA_ENVS
 from lab.hub_controllers.testing import (
     PULL_SECRET,
@@ -22,6 +24,7 @@ from lab.hub_controllers.testing import (
     wait_state,
     wait_until,
 )
+from lab.hub_controllers.timings import AgentTimings
 
 
 def _outcome(lab: Lab, host_id: str, count: int = 1) -> list[BootOutcome]:
@@ -153,5 +156,43 @@ def test_a_config_fetch_is_retried_like_ignition_until_the_server_answers() -> N
         assert hits.count("/config") == 3
         assert asyncio.run(fetch("/missing")) is None
         assert hits.count("/missing") == 1
+    finally:
+        server.shutdown()
+
+
+def test_a_registration_the_service_is_still_answering_is_waited_for_not_sent_again() -> None:
+    """A slow answer must not make the agent register twice: a registration the service completes
+    after the agent gave up on it re-registers the host, sending it back to discovery."""
+    posts: list[float] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            posts.append(time.monotonic())
+            if len(posts) == 1:
+                time.sleep(1.0)  # the service, busy, answers the first registration late
+            self.send_response(201)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = DiscoveryAgentConfig(
+        service_url=f"http://127.0.0.1:{server.server_address[1]}", infra_env_id="ie", agent_token="t"
+    )
+
+    def register(answer_wait_s: float) -> int | None:
+        posts.clear()
+        seam = AgentBootSeam(FaultBook(), AgentTimings.zero(), answer_wait_s=answer_wait_s)
+        return asyncio.run(seam._register(config, agent_host_id("slow"), macs_for(4)))
+
+    try:
+        assert register(answer_wait_s=60.0) == 201
+        assert len(posts) == 1
+        # What the agent did before it waited long enough: gave up and registered again.
+        assert register(answer_wait_s=0.2) == 201
+        assert len(posts) == 2
     finally:
         server.shutdown()
