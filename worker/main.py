@@ -2,7 +2,9 @@
 
 Two Temporal workers share the process: one on the workflow task queue (workflows and the hub
 activities) and one on the BMaaS task queue, whose activity start rate is limited server-side so a
-burst of scale-ups cannot flood the fulfillment service.
+burst of scale-ups cannot flood the fulfillment service. `OSAC_WORKER_ROLE` splits that work over
+two kinds of process: `workflows` (workflow tasks, and the local activities they run) and
+`activities` (every activity task of both queues).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from contracts.activities import BmaasActivity, HubActivity
 from contracts.bmaas import BmaasErrorType
 from worker.compiled_code import compile_once
 from worker.health import serve_health
-from worker.settings import Settings
+from worker.settings import Settings, WorkerRole
 from workflows.cluster_workers import ClusterWorkersWorkflow
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
 from workflows.worker_node import WorkerNodeWorkflow
@@ -96,7 +98,8 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         ca_bundle=settings.fulfillment_ca_file,
     )
     watcher = BmiWatcher(bmaas_client)
-    watcher.start()
+    if settings.role != WorkerRole.WORKFLOWS:  # no BMaaS activity runs in a workflow process
+        watcher.start()
     ignition_http = httpx.AsyncClient(timeout=30.0)
     assisted = AssistedActivities(kube, ignition_http)
     backends = Backends(
@@ -162,22 +165,34 @@ async def check_search_attributes(client: Client) -> None:
 
 
 def build_workers(client: Client, settings: Settings, backends: Backends) -> list[Worker]:
-    compile_once()  # before the first sandbox imports a workflow module
     shutdown = timedelta(seconds=settings.graceful_shutdown_seconds)
+    role = settings.role
+    if role != WorkerRole.ACTIVITIES:
+        compile_once()  # before the first sandbox imports a workflow module
+    # Split processes name their role in their identity, which histories record per task.
+    identity = client.identity if role == WorkerRole.ALL else f"{client.identity}/{role.value}"
     main = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=list(WORKFLOWS),
+        workflows=list(WORKFLOWS) if role != WorkerRole.ACTIVITIES else [],
+        # A workflow process registers the hub activities for its workflows' local activities only,
+        # and takes no activity task: neither polled nor handed over eagerly with a workflow task.
         activities=backends.hub_activities(),
+        no_remote_activities=role == WorkerRole.WORKFLOWS,
+        disable_eager_activity_execution=role == WorkerRole.WORKFLOWS,
+        identity=identity,
         graceful_shutdown_timeout=shutdown,
         **settings.workflow_worker_tuning(),
     )
+    if role == WorkerRole.WORKFLOWS:
+        return [main]
     bmaas = Worker(
         client,
         task_queue=settings.bmaas_task_queue,
         activities=backends.bmaas_activities(),
         max_concurrent_activities=settings.max_concurrent_activities,
         max_task_queue_activities_per_second=settings.bmaas_activities_per_second,
+        identity=identity,
         graceful_shutdown_timeout=shutdown,
     )
     return [main, bmaas]
@@ -208,7 +223,10 @@ async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) ->
                 await stack.enter_async_context(worker)
             started.set()
             log.info(
-                "worker running on task queues %s and %s", settings.task_queue, settings.bmaas_task_queue
+                "worker (%s) running on task queues %s and %s",
+                settings.role.value,
+                settings.task_queue,
+                settings.bmaas_task_queue,
             )
             await stop.wait()
             log.info("stopping: finishing in-flight work (up to %ss)", settings.graceful_shutdown_seconds)

@@ -11,6 +11,7 @@ Three groups, each read on its own so a process only validates what it uses:
 from __future__ import annotations
 
 from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.reporting import DEFAULT_BATCH_WINDOW_S
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
+
+
+class WorkerRole(StrEnum):
+    """What one worker process polls for. `all` is one process; `workflows` and `activities` split
+    the work over two kinds of process, scaled apart (see the README)."""
+
+    ALL = "all"
+    WORKFLOWS = "workflows"  # workflow tasks, and the local activities they run
+    ACTIVITIES = "activities"  # the hub and BMaaS activity tasks
 
 
 class Settings(BaseSettings):
@@ -37,6 +47,9 @@ class Settings(BaseSettings):
         default=None,
         validation_alias="KUBECONFIG",
         description="hub kubeconfig; the pod's service account when unset inside a cluster",
+    )
+    role: WorkerRole = Field(
+        default=WorkerRole.ALL, validation_alias="OSAC_WORKER_ROLE", description="what this process polls for"
     )
     task_queue: str = WORKFLOW_TASK_QUEUE
     bmaas_task_queue: str = BMAAS_TASK_QUEUE
