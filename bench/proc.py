@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,32 +15,12 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 @dataclass(frozen=True)
 class ProcSample:
     rss_mb: float
-    cpu_s: float  # user + system, of the process and its descendants alive now
+    cpu_s: float  # user + system
 
 
-def sample(pid: int) -> ProcSample:
-    """The process with its descendants, so a worker that runs as several processes (a workflow one
-    and an activity one under a launcher) is measured whole."""
-    pids = tree(pid)
-    return ProcSample(rss_mb=_summed(pids, _rss_mb), cpu_s=_summed(pids, _cpu_seconds))
-
-
-def _summed(pids: list[int], read: Callable[[int], float]) -> float:
-    """Sum over a tree whose root is `pids[0]`: a descendant gone since the listing counts 0."""
-    total = 0.0
-    for pid in pids:
-        try:
-            total += read(pid)
-        except OSError:
-            if pid == pids[0]:
-                raise
-    return total
-
-
-def _stat_fields(pid: int) -> list[str]:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    # The command name (field 2) may hold spaces: split after its closing parenthesis.
-    return stat[stat.rindex(")") + 2 :].split()
+def sample(pids: Sequence[int]) -> ProcSample:
+    """Summed over `pids`: the worker may run as two processes (`OSAC_WORKER_ROLE`)."""
+    return ProcSample(rss_mb=sum(_rss_mb(p) for p in pids), cpu_s=sum(_cpu_seconds(p) for p in pids))
 
 
 def _rss_mb(pid: int) -> float:
@@ -50,28 +31,11 @@ def _rss_mb(pid: int) -> float:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = _stat_fields(pid)
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # The command name (field 2) may hold spaces: split after its closing parenthesis.
+    fields = stat[stat.rindex(")") + 2 :].split()
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (utime + stime) / _CLOCK_TICKS
-
-
-def tree(pid: int) -> list[int]:
-    """`pid` and its descendants alive now."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int(_stat_fields(int(entry.name))[1])
-        except (OSError, ValueError, IndexError):
-            continue  # gone while listing
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
 
 
 def children_named(name: str, parent: int | None = None) -> list[int]:
@@ -92,14 +56,14 @@ def children_named(name: str, parent: int | None = None) -> list[int]:
     return found
 
 
-def cpu_or_zero(pid: int | None) -> float:
-    """CPU seconds of the process and its descendants; 0 once it is gone."""
-    if pid is None:
-        return 0.0
-    try:
-        return _summed(tree(pid), _cpu_seconds)
-    except OSError:
-        return 0.0
+def cpu_or_zero(*pids: int | None) -> float:
+    """CPU seconds summed over `pids`; a process gone (or None) counts 0."""
+    total = 0.0
+    for pid in pids:
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                total += _cpu_seconds(pid)
+    return total
 
 
 def machine() -> dict[str, object]:

@@ -86,6 +86,7 @@ class Config:
     keep_workdir: bool = False
     flamegraphs: Path | None = None  # py-spy flame graphs of the worker per phase go here
     worker_command: list[str] | None = None  # another worker build to compare (before/after)
+    split_worker: bool = False  # a workflow process and an activity process (OSAC_WORKER_ROLE)
     policy: dict[str, float] = field(default_factory=dict)  # TimingPolicy overrides, in seconds
     observe_floor: bool = False  # the harness's hub watch in the floor phase too (costs the twins a watch)
 
@@ -184,6 +185,7 @@ async def run_lifecycle(
         bmaas_rate=cfg.bmaas_rate,
         flamegraph=cfg.flamegraphs / f"worker-{profile_name}.txt" if cfg.flamegraphs else None,
         worker_command=cfg.worker_command,
+        split_worker=cfg.split_worker,
         policy=cfg.timing_policy(),
     ) as stack:
         orders = await stack.create_orders(n)
@@ -208,7 +210,7 @@ async def run_lifecycle(
         finally:
             if observer is not None:
                 observer.stop()
-        sample = proc.sample(stack.worker_pid)
+        sample = proc.sample(stack.worker_pids)
         bmaas_stats, hub_stats = await stack.bmaas_stats(), await stack.hub_stats()
         hub_watch_delay = await stack.hub_watch_delay()
         audit, violations = await stack.audit(), await stack.audit_violations()
@@ -240,7 +242,7 @@ async def run_lifecycle(
 def cpu_split(stack: BenchStack, cfg: Config) -> dict[str, float]:
     """CPU seconds so far of the worker, the twins and the dev server (where the time goes)."""
     return {
-        "worker": proc.cpu_or_zero(stack.worker_pid),
+        "worker": proc.cpu_or_zero(*stack.worker_pids),
         "twins": proc.cpu_or_zero(stack.twins.pid),
         "temporal_server": proc.cpu_or_zero(cfg.temporal_pid),
     }
@@ -338,19 +340,20 @@ async def run_density(client: Client, workdir: Path, cfg: Config) -> Density:
         bmaas_rate=cfg.bmaas_rate,
         flamegraph=cfg.flamegraphs / "worker-density.txt" if cfg.flamegraphs else None,
         worker_command=cfg.worker_command,
+        split_worker=cfg.split_worker,
         policy=cfg.timing_policy(),
     ) as stack:
         orders = await stack.create_orders(d)
         await asyncio.sleep(2.0)  # let the fresh worker settle (informers, watches)
-        idle = proc.sample(stack.worker_pid)
+        idle = proc.sample(stack.worker_pids)
         started = time.monotonic()
         await stack.apply(orders)
         await stack.wait_ready(orders, lifecycle_timeout(ZERO, d))
         up_s = time.monotonic() - started
-        ready = proc.sample(stack.worker_pid)
+        ready = proc.sample(stack.worker_pids)
         console.log(f"density: {d} Ready after {up_s:.1f}s; RSS {ready.rss_mb:.0f} MB")
         await asyncio.sleep(cfg.hold_s)
-        held = proc.sample(stack.worker_pid)
+        held = proc.sample(stack.worker_pids)
         still = await stack.ready_count(orders)
         return Density(d, idle, ready, held, up_s, cfg.hold_s, {"ready_after_hold": still})
 
@@ -434,6 +437,7 @@ def build_results(
             "cost_profiles": list(cfg.cost_profiles),
             "bmaas_activities_per_second": cfg.bmaas_rate,
             "worker_command": cfg.worker_command,
+            "worker_processes": ["workflows", "activities"] if cfg.split_worker else ["all"],
             "policy_overrides_s": cfg.policy,
             "density_hold_s": cfg.hold_s,
             "ready_hold_s": cfg.ready_hold_s,
@@ -826,6 +830,12 @@ def parse_args(argv: list[str] | None = None) -> Config:
         help="run this instead of `osac-workers worker` (same environment), e.g. to measure a change",
     )
     parser.add_argument(
+        "--split-worker",
+        action="store_true",
+        help="run the worker as a workflow process and an activity process (OSAC_WORKER_ROLE);"
+        " process figures are their sums",
+    )
+    parser.add_argument(
         "--policy",
         action="append",
         default=[],
@@ -862,6 +872,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         keep_workdir=args.keep_workdir,
         flamegraphs=args.flamegraphs,
         worker_command=shlex.split(args.worker_command) if args.worker_command else None,
+        split_worker=args.split_worker,
         policy=policy,
         **preset,
     )

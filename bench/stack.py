@@ -77,7 +77,7 @@ class BenchStack:
         client: Client,
         info: TwinsInfo,
         twins: TwinsProcess,
-        worker: subprocess.Popen[bytes],
+        workers: list[subprocess.Popen[bytes]],
         task_queue: str,
         bmaas_task_queue: str,
         policy: TimingPolicy | None = None,
@@ -85,7 +85,7 @@ class BenchStack:
         self.client = client
         self.info = info
         self.twins = twins
-        self.worker = worker
+        self.workers = workers
         self.task_queue = task_queue
         self.bmaas_task_queue = bmaas_task_queue
         self.api = WorkersApi(
@@ -101,8 +101,8 @@ class BenchStack:
         )
 
     @property
-    def worker_pid(self) -> int:
-        return self.worker.pid
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
 
     # -- orders -----------------------------------------------------------------------------------
 
@@ -289,35 +289,45 @@ async def bench_stack(
     bmaas_rate: float,
     flamegraph: Path | None = None,
     worker_command: list[str] | None = None,
+    split_worker: bool = False,
     policy: TimingPolicy | None = None,
 ) -> AsyncIterator[BenchStack]:
-    """Fresh twins and a fresh worker process, on task queues of their own. With `flamegraph`,
-    py-spy samples the worker (and the twins, beside it) for as long as the stack runs."""
+    """Fresh twins and a fresh worker, on task queues of their own: one process, or with
+    `split_worker` a workflow process and an activity process (`OSAC_WORKER_ROLE`). With
+    `flamegraph`, py-spy samples each worker process (and the twins) for as long as the stack runs."""
     twins = TwinsProcess(profile_name, hosts, workdir / "twins", workdir / "twins.log")
     info = await asyncio.to_thread(twins.start)
     task_queue = f"bench-{profile_name}-{uuid.uuid4().hex[:6]}"
-    worker: subprocess.Popen[bytes] | None = None
+    workers: dict[str, subprocess.Popen[bytes]] = {}
     spies: list[subprocess.Popen[bytes]] = []
     stack: BenchStack | None = None
     try:
-        worker = spawn(
-            worker_command or default_worker_command(),
-            workdir / "worker.log",
-            worker_env(client, info, task_queue, bmaas_rate),
-        )
+        env = worker_env(client, info, task_queue, bmaas_rate)
+        for role in ("workflows", "activities") if split_worker else ("",):
+            workers[role] = spawn(
+                worker_command or default_worker_command(),
+                workdir / (f"worker-{role}.log" if role else "worker.log"),
+                {**env, "OSAC_WORKER_ROLE": role} if role else env,
+            )
         await wait_pollers(client, [task_queue, f"{task_queue}-bmaas"])
         if flamegraph is not None:
             # The twins too: their CPU is most of the machine's, and the floor waits on their controllers.
             assert twins.proc is not None
+            phase = flamegraph.name.removeprefix("worker-")
             spies = [
-                _sample(worker.pid, flamegraph, workdir / "py-spy.log"),
                 _sample(
-                    twins.proc.pid,
-                    flamegraph.with_name(f"twins-{flamegraph.name.removeprefix('worker-')}"),
-                    workdir / "py-spy-twins.log",
-                ),
+                    worker.pid,
+                    flamegraph.with_name(f"worker-{role}-{phase}") if role else flamegraph,
+                    workdir / f"py-spy-{role or 'worker'}.log",
+                )
+                for role, worker in workers.items()
             ]
-        stack = BenchStack(client, info, twins, worker, task_queue, f"{task_queue}-bmaas", policy)
+            spies.append(
+                _sample(twins.proc.pid, flamegraph.with_name(f"twins-{phase}"), workdir / "py-spy-twins.log")
+            )
+        stack = BenchStack(
+            client, info, twins, list(workers.values()), task_queue, f"{task_queue}-bmaas", policy
+        )
         yield stack
     finally:
         for spy in spies:
@@ -327,6 +337,6 @@ async def bench_stack(
             await asyncio.to_thread(spy.wait, 60)
         if stack is not None:
             await stack.close()
-        if worker is not None:
+        for worker in workers.values():
             await asyncio.to_thread(stop_process, worker)
         await asyncio.to_thread(twins.stop)

@@ -6,6 +6,7 @@ workers, the 1x profile only and three workers held for density."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,38 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         for d in delays.values()
     )
     assert details["density"]["workers"] == 3
+
+
+def test_a_split_worker_is_measured_as_its_two_processes(tmp_path: Path) -> None:
+    """`--split-worker`: a workflow process and an activity process; the figures are their sums."""
+    results_dir = tmp_path / "results"
+    command = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--no-floor",
+        "--density=0",
+        "--profile-n=2",
+        "--cost-profiles=1x",
+        "--ready-hold=1",
+        "--split-worker",
+        "--keep-workdir",
+        f"--results-dir={results_dir}",
+    ]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the kept work directory goes there
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [path] = list(results_dir.glob("*.details.json"))
+    details = json.loads(path.read_text())
+    assert details["settings"]["worker_processes"] == ["workflows", "activities"]
+    cost = details["cost_1x"]
+    assert cost["audit_violations"] == 0 and cost["worker_cpu_s"] > 0
+    # Each process ran its own part: its log says which role it had.
+    [workdir] = list(tmp_path.glob("osac-bench-*"))
+    logs = {
+        role: (workdir / "lifecycle-1x" / f"worker-{role}.log").read_text()
+        for role in ("workflows", "activities")
+    }
+    assert "worker (workflows) running" in logs["workflows"]
+    assert "worker (activities) running" in logs["activities"]
+    assert "created BMI" in logs["activities"] and "created BMI" not in logs["workflows"]
