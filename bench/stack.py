@@ -169,7 +169,10 @@ class BenchStack:
         async def all_ready() -> bool:
             ready = current = 0
             for order in orders:
-                status = await self._order_status(order.ref)
+                try:
+                    status = await self._order_status(order.ref)
+                except httpx.HTTPError:  # a busy hub twin answering late or with 5xx: ask again
+                    return False
                 ready += min(int(status.get("readyWorkers") or 0), order.workers)
                 current += int(status.get("currentWorkers") or 0)
             seen["ready"] = ready
