@@ -15,23 +15,21 @@ from bench.latency import EVENTS
 from bench.run import TOP_LEVEL_KEYS
 
 
-def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
+def _bench(tmp_path: Path, *options: str) -> Path:
+    """Run `python -m bench.run` with `options`; its results directory (work directories, when
+    kept, go under `tmp_path` too)."""
     results_dir = tmp_path / "results"
-    command = [
-        sys.executable,
-        "-m",
-        "bench.run",
-        "--n=3",
-        "--profile-n=3",
-        "--density=3",
-        "--cost-profiles=1x",
-        "--hold=1",
-        "--ready-hold=1",
-        f"--results-dir={results_dir}",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    command = [sys.executable, "-m", "bench.run", *options, f"--results-dir={results_dir}"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return results_dir
 
+
+def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
+    results_dir = _bench(
+        tmp_path, "--n=3", "--profile-n=3", "--density=3", "--cost-profiles=1x", "--hold=1", "--ready-hold=1"
+    )
     [path] = [p for p in results_dir.glob("*.json") if not p.name.endswith(".details.json")]
     results = json.loads(path.read_text())
     assert tuple(results) == TOP_LEVEL_KEYS
@@ -79,23 +77,8 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
 def test_a_split_worker_is_measured_as_its_two_processes(tmp_path: Path) -> None:
     """`--split-worker`: a workflow process and an activity process; the figures are their sums."""
-    results_dir = tmp_path / "results"
-    command = [
-        sys.executable,
-        "-m",
-        "bench.run",
-        "--no-floor",
-        "--density=0",
-        "--profile-n=2",
-        "--cost-profiles=1x",
-        "--ready-hold=1",
-        "--split-worker",
-        "--keep-workdir",
-        f"--results-dir={results_dir}",
-    ]
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the kept work directory goes there
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    options = ["--no-floor", "--density=0", "--profile-n=2", "--cost-profiles=1x", "--ready-hold=1"]
+    results_dir = _bench(tmp_path, *options, "--split-worker", "--keep-workdir")
     [path] = list(results_dir.glob("*.details.json"))
     details = json.loads(path.read_text())
     assert details["settings"]["worker_processes"] == ["workflows", "activities"]

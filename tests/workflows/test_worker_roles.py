@@ -33,6 +33,7 @@ async def _pollers(stack: Stack, queue: str, kind: TaskQueueType.ValueType) -> i
 
 
 def test_the_role_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OSAC_WORKER_ROLE", raising=False)
     assert Settings().role == WorkerRole.ALL
     monkeypatch.setenv("OSAC_WORKER_ROLE", "workflows")
     assert Settings().role == WorkerRole.WORKFLOWS
