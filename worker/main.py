@@ -223,10 +223,10 @@ async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) ->
                 await stack.enter_async_context(worker)
             started.set()
             log.info(
-                "worker (%s) running on task queues %s and %s",
-                settings.role.value,
+                "worker running on task queues %s and %s (role %s)",
                 settings.task_queue,
                 settings.bmaas_task_queue,
+                settings.role.value,
             )
             await stop.wait()
             log.info("stopping: finishing in-flight work (up to %ss)", settings.graceful_shutdown_seconds)

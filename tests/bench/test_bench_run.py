@@ -90,6 +90,6 @@ def test_a_split_worker_is_measured_as_its_two_processes(tmp_path: Path) -> None
         role: (workdir / "lifecycle-1x" / f"worker-{role}.log").read_text()
         for role in ("workflows", "activities")
     }
-    assert "worker (workflows) running" in logs["workflows"]
-    assert "worker (activities) running" in logs["activities"]
+    assert "(role workflows)" in logs["workflows"]
+    assert "(role activities)" in logs["activities"]
     assert "created BMI" in logs["activities"] and "created BMI" not in logs["workflows"]
