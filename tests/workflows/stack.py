@@ -204,6 +204,18 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
+async def worker_running(stack: Stack, settings: Settings | None = None) -> AsyncIterator[None]:
+    """A worker (the stack's settings, or `settings`) in this process for the duration of the block."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_worker(stack.client, settings or stack.settings, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+@contextlib.asynccontextmanager
 async def running_stack(
     client: Client,
     workdir: Path,

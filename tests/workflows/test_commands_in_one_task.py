@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
@@ -20,8 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, ScaleDownWorker, SetNodeSets
-from tests.workflows.stack import Stack, eventually, running_stack
-from worker.main import run_worker
+from tests.workflows.stack import Stack, eventually, running_stack, worker_running
 from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
 
 
@@ -33,17 +31,6 @@ async def stack(
         temporal_env.client, tmp_path_factory.mktemp("one-task"), in_process_worker=False
     ) as running:
         yield running
-
-
-@asynccontextmanager
-async def worker_running(stack: Stack) -> AsyncIterator[None]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_worker(stack.client, stack.settings, stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
 
 
 def _patches(history: WorkflowHistory) -> list[str]:

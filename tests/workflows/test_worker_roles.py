@@ -4,9 +4,6 @@ they take an order up and down as one `all` process does."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +12,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.workflows.stack import Stack, eventually, running_stack
-from worker.main import run_worker
+from tests.workflows.stack import Stack, eventually, running_stack, worker_running
 from worker.settings import Settings, WorkerRole
 
 WORKFLOW = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
@@ -50,12 +46,12 @@ async def test_a_workflow_process_and_an_activity_process_run_an_order(
         order = await stack.create_order({"bm-standard": 2})
         workflows = stack.settings.model_copy(update={"role": WorkerRole.WORKFLOWS})
         activities = stack.settings.model_copy(update={"role": WorkerRole.ACTIVITIES})
-        async with _process(stack, workflows):
+        async with worker_running(stack, workflows):
             await eventually(lambda: _pollers(stack, main, WORKFLOW), "workflow pollers")
             # Its pollers all started together: none of them asks for activity tasks.
             assert await _pollers(stack, main, ACTIVITY) == 0
             assert await _pollers(stack, bmaas, ACTIVITY) == 0
-            async with _process(stack, activities):
+            async with worker_running(stack, activities):
                 await eventually(lambda: _pollers(stack, main, ACTIVITY), "hub activity pollers")
                 await eventually(lambda: _pollers(stack, bmaas, ACTIVITY), "BMaaS activity pollers")
                 await stack.apply(order, {"bm-standard": 2})
@@ -86,15 +82,3 @@ async def test_a_workflow_process_and_an_activity_process_run_an_order(
                         e.activity_task_started_event_attributes.identity.rpartition("/")[2]
                     )
         assert tasks == {"workflow": {"workflows"}, "activity": {"activities"}}
-
-
-@contextlib.asynccontextmanager
-async def _process(stack: Stack, settings: Settings) -> AsyncIterator[None]:
-    """One worker process of the given role (in this test's process, with its own backends)."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_worker(stack.client, settings, stop))
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
