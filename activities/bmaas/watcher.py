@@ -100,7 +100,9 @@ class BmiWatcher:
         self._touched: dict[str, int] = {}  # id -> sequence number of its last change
         self._seq = 0
         self._waiting: Counter[str] = Counter()
-        self._cond: asyncio.Condition | None = None
+        # Each waiter is woken by changes to its own BMI only: waking every waiter on every event
+        # cost a scale-up of N hosts N x (events per host) wake-ups, all on the activities' loop.
+        self._wakers: dict[str, set[asyncio.Event]] = {}
         self._up: asyncio.Event | None = None
         self._down: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -115,7 +117,6 @@ class BmiWatcher:
         if self._tasks and self._loop is loop and not all(t.done() for t in self._tasks):
             return
         self._loop = loop
-        self._cond = asyncio.Condition()
         self._up = asyncio.Event()
         self._down = asyncio.Event()
         self._down.set()
@@ -174,12 +175,12 @@ class BmiWatcher:
         except BmaasApiError as err:
             if err.is_not_found:
                 self._apply_gone(bmi_id)
-                await self._notify()
+                self._wake(bmi_id)
                 return GONE
             raise
         snapshot = BmiSnapshot.from_api(obj)
         self._apply(snapshot)
-        await self._notify()
+        self._wake(bmi_id)
         return self._objects.get(bmi_id, GONE)
 
     async def wait(
@@ -196,8 +197,9 @@ class BmiWatcher:
         would ever arrive for it).
         """
         self.start()
-        assert self._cond is not None
         self._waiting[bmi_id] += 1
+        waker = asyncio.Event()
+        self._wakers.setdefault(bmi_id, set()).add(waker)
         try:
             current = self.observed(bmi_id)
             if current is None:
@@ -209,22 +211,27 @@ class BmiWatcher:
                 )
             last_tick = time.monotonic()
             on_tick(current, self.streaming)
-            async with self._cond:
-                while True:
-                    observed = self.observed(bmi_id)
-                    # None here means a relist dropped it as absent (and the tombstone was pruned): gone.
-                    current = GONE if observed is None else observed
-                    if done(current):
-                        return current
-                    remaining = last_tick + tick - time.monotonic()
-                    if remaining > 0:
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(remaining):
-                                await self._cond.wait()
-                    if time.monotonic() - last_tick >= tick:
-                        last_tick = time.monotonic()
-                        on_tick(current, self.streaming)
+            while True:
+                waker.clear()
+                observed = self.observed(bmi_id)
+                # None here means a relist dropped it as absent (and the tombstone was pruned): gone.
+                current = GONE if observed is None else observed
+                if done(current):
+                    return current
+                remaining = last_tick + tick - time.monotonic()
+                if remaining > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(remaining):
+                            await waker.wait()
+                if time.monotonic() - last_tick >= tick:
+                    last_tick = time.monotonic()
+                    on_tick(current, self.streaming)
         finally:
+            wakers = self._wakers.get(bmi_id)
+            if wakers is not None:
+                wakers.discard(waker)
+                if not wakers:
+                    del self._wakers[bmi_id]
             self._waiting[bmi_id] -= 1
             if self._waiting[bmi_id] <= 0:
                 del self._waiting[bmi_id]
@@ -254,11 +261,14 @@ class BmiWatcher:
         self._seq += 1
         self._touched[bmi_id] = self._seq
 
-    async def _notify(self) -> None:
-        if self._cond is None:
-            return
-        async with self._cond:
-            self._cond.notify_all()
+    def _wake(self, bmi_id: str) -> None:
+        for waker in self._wakers.get(bmi_id, ()):
+            waker.set()
+
+    def _wake_all(self) -> None:
+        for wakers in self._wakers.values():
+            for waker in wakers:
+                waker.set()
 
     def _apply_event(self, event: dict[str, Any]) -> None:
         self.stats.events += 1
@@ -270,6 +280,7 @@ class BmiWatcher:
             self._apply_gone(snapshot.id)
         elif event.get("type") in _CREATED_OR_UPDATED:
             self._apply(snapshot)
+        self._wake(snapshot.id)
 
     async def _relist(self) -> None:
         """Close the gap: the list is authoritative for ids untouched while it was in flight."""
@@ -291,7 +302,7 @@ class BmiWatcher:
             if now - at > _TOMBSTONE_TTL and bmi_id not in self._waiting:
                 del self._tombstones[bmi_id]
                 self._touched.pop(bmi_id, None)
-        await self._notify()
+        self._wake_all()
 
     def _set_streaming(self, up: bool) -> None:
         assert self._up is not None and self._down is not None
@@ -316,7 +327,6 @@ class BmiWatcher:
                     backoff = self.reconnect_initial
                     async for event in events:
                         self._apply_event(event)
-                        await self._notify()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

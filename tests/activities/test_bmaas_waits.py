@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 
 import pytest
 
@@ -56,6 +58,34 @@ async def test_many_waiters_share_one_stream(harness: Harness) -> None:
     )
     assert {r.bmi_id for r in results} == {c.instance.id for c in created}
     assert harness.transport.requests["GET /api/private/v1/events/watch"] == 1
+
+
+async def test_a_waiter_is_woken_by_its_own_bmi_only(harness: Harness) -> None:
+    await harness.lab.timings(boot_s=0.5)
+    quiet = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=quiet.instance.id))
+    checks = 0
+
+    def never_done(_: object) -> bool:
+        nonlocal checks
+        checks += 1
+        return False
+
+    # A waiter on a BMI that no longer changes, ticking far beyond the test.
+    idle = asyncio.create_task(
+        harness.watcher.wait(quiet.instance.id, never_done, tick=600.0, on_tick=lambda *_: None)
+    )
+    try:
+        await wait_for(lambda: _checked(lambda: checks), what="the idle waiter's first check")
+        events_before = harness.watcher.stats.events
+        busy = await harness.run(harness.acts.create_worker_instance, harness.slot(1))
+        await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=busy.instance.id))
+        assert harness.watcher.stats.events - events_before >= 3  # the other BMI went through states
+        assert checks == 1  # and none of its events woke this waiter
+    finally:
+        idle.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await idle
 
 
 async def test_waits_survive_503s_and_latency(harness: Harness) -> None:
@@ -166,6 +196,10 @@ async def test_wait_gone_reports_a_slow_wipe_then_returns(harness: Harness) -> N
     assert gone.was_stuck
     assert any(p.stuck and "deleting for more than" in (p.stuck_reason or "") for p in progress(harness))
     assert (await harness.lab.get_bmi(ref.bmi_id)) is None
+
+
+async def _checked(count: Callable[[], int]) -> bool:
+    return count() > 0
 
 
 async def _has_progress(harness: Harness) -> bool:
