@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -99,9 +98,9 @@ class BmiWatcher:
         self._tombstones: dict[str, float] = {}
         self._touched: dict[str, int] = {}  # id -> sequence number of its last change
         self._seq = 0
-        self._waiting: Counter[str] = Counter()
-        # Each waiter is woken by changes to its own BMI only: waking every waiter on every event
-        # cost a scale-up of N hosts N x (events per host) wake-ups, all on the activities' loop.
+        # The waited ids, each with its waiters' events. A waiter is woken by changes to its own BMI
+        # only: waking every waiter on every event cost a scale-up of N hosts N x (events per host)
+        # wake-ups, all on the activities' loop.
         self._wakers: dict[str, set[asyncio.Event]] = {}
         self._up: asyncio.Event | None = None
         self._down: asyncio.Event | None = None
@@ -197,7 +196,6 @@ class BmiWatcher:
         would ever arrive for it).
         """
         self.start()
-        self._waiting[bmi_id] += 1
         waker = asyncio.Event()
         self._wakers.setdefault(bmi_id, set()).add(waker)
         try:
@@ -227,14 +225,10 @@ class BmiWatcher:
                     last_tick = time.monotonic()
                     on_tick(current, self.streaming)
         finally:
-            wakers = self._wakers.get(bmi_id)
-            if wakers is not None:
-                wakers.discard(waker)
-                if not wakers:
-                    del self._wakers[bmi_id]
-            self._waiting[bmi_id] -= 1
-            if self._waiting[bmi_id] <= 0:
-                del self._waiting[bmi_id]
+            wakers = self._wakers[bmi_id]
+            wakers.discard(waker)
+            if not wakers:
+                del self._wakers[bmi_id]
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -299,7 +293,7 @@ class BmiWatcher:
                 self._apply_gone(bmi_id)
         now = time.monotonic()
         for bmi_id, at in list(self._tombstones.items()):
-            if now - at > _TOMBSTONE_TTL and bmi_id not in self._waiting:
+            if now - at > _TOMBSTONE_TTL and bmi_id not in self._wakers:
                 del self._tombstones[bmi_id]
                 self._touched.pop(bmi_id, None)
         self._wake_all()
@@ -352,7 +346,7 @@ class BmiWatcher:
                         await self._up.wait()
                 if self._up.is_set():
                     break
-                for bmi_id in sorted(self._waiting):
+                for bmi_id in sorted(self._wakers):
                     if self._up.is_set():
                         break
                     self.stats.polls += 1
