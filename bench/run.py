@@ -42,12 +42,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench import floor as floor_mod
-from bench import latency, proc
+from bench import latency, proc, server_metrics
 from bench.histories import RunHistory, fetch_task_queue
 from bench.observer import AgentTimeline, HubObserver
 from bench.profiles import ONE_X, TEN_X, ZERO, profile
 from bench.stack import PY_SPY, BenchStack, Order, bench_stack, spawn, stop_process, wait_pollers
 from contracts.worker import TimingPolicy
+from lab.http_server import free_port
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
 
 T = TypeVar("T")
@@ -94,6 +95,7 @@ class Config:
         """OSAC's default policy (what a real order gets), with any overrides."""
         return TimingPolicy(**{k: timedelta(seconds=v) for k, v in self.policy.items()})
     temporal_pid: int | None = None
+    server_metrics_url: str | None = None  # the dev server's Prometheus endpoint
     mode: str = "custom"
 
 
@@ -122,6 +124,7 @@ class Lifecycle:
     samples: latency.Samples | None = None
     observer_events: int = 0
     agents: list[AgentTimeline] = field(default_factory=list)  # the harness's hub watch, when observed
+    server_requests: dict[str, float] = field(default_factory=dict)  # per worker, during the measured span
 
     @property
     def wall_s(self) -> float:
@@ -193,6 +196,7 @@ async def run_lifecycle(
         try:
             timeout = lifecycle_timeout(profile_name, n)
             cpu_before = cpu_split(stack, cfg)
+            server_before = await server_metrics.scrape(cfg.server_metrics_url)
             started = time.monotonic()
             await stack.apply(orders)
             await stack.wait_ready(orders, timeout)
@@ -207,6 +211,7 @@ async def run_lifecycle(
             cpu_after = cpu_split(stack, cfg)
             console.log(f"{profile_name}: all released after {done - released:.1f}s")
             await asyncio.sleep(1.0)  # let trailing status writes reach the watches
+            server_after = await server_metrics.scrape(cfg.server_metrics_url, settle=True)
         finally:
             if observer is not None:
                 observer.stop()
@@ -229,6 +234,7 @@ async def run_lifecycle(
             worker_cpu_s=sample.cpu_s,
             violations=violations,
             cpu_s={k: round(cpu_after[k] - cpu_before[k], 1) for k in cpu_after},
+            server_requests=server_metrics.per_unit(server_before, server_after, n),
         )
         if observer is not None:
             result.observer_events = observer.events
@@ -268,6 +274,7 @@ class Floor:
     activities_per_workflow: int
     baseline_s: float
     baseline_cpu_s: dict[str, float]
+    baseline_server_requests: dict[str, float]  # per trivial workflow
 
     @property
     def ratio(self) -> float:
@@ -297,12 +304,20 @@ async def run_floor(client: Client, workdir: Path, cfg: Config) -> Floor:
         await wait_pollers(client, [task_queue])
         pids = {"worker": worker.pid, "temporal_server": cfg.temporal_pid}
         before = {k: proc.cpu_or_zero(pid) for k, pid in pids.items()}
+        server_before = await server_metrics.scrape(cfg.server_metrics_url)
         baseline = await floor_mod.run_floor(client, task_queue, cfg.n, per_workflow)
         after = {k: proc.cpu_or_zero(pid) for k, pid in pids.items()}
+        server_after = await server_metrics.scrape(cfg.server_metrics_url, settle=True)
     finally:
         await asyncio.to_thread(stop_process, worker)
     console.log(f"floor: baseline {baseline:.1f}s, lifecycle {lifecycle.wall_s:.1f}s")
-    return Floor(lifecycle, per_workflow, baseline, {k: round(after[k] - before[k], 1) for k in after})
+    return Floor(
+        lifecycle,
+        per_workflow,
+        baseline,
+        {k: round(after[k] - before[k], 1) for k in after},
+        server_metrics.per_unit(server_before, server_after, cfg.n),
+    )
 
 
 # ---------------------------------------------------------------------------------------- density
@@ -458,6 +473,8 @@ def build_results(
             "worker_cpu_s": round(lc.worker_cpu_s, 1),
             "worker_rss_mb": round(lc.worker_rss_mb, 1),
             "cpu_s_during_lifecycle": lc.cpu_s,
+            "server_requests_per_worker": lc.server_requests,
+            "baseline_server_requests_per_workflow": floor.baseline_server_requests,
             "time_split_per_worker": time_split(lc),
             "install_wait_split": install_wait_split(lc),
             "audit_violations": len(lc.violations),
@@ -485,6 +502,7 @@ def build_results(
             "worker_cpu_s": round(lc.worker_cpu_s, 1),
             "worker_rss_mb": round(lc.worker_rss_mb, 1),
             "cpu_s_during_lifecycle": lc.cpu_s,
+            "server_requests_per_worker": lc.server_requests,
             "time_split_per_worker": time_split(lc),
             "install_wait_split": install_wait_split(lc),
             "audit_violations": len(lc.violations),
@@ -756,12 +774,15 @@ async def run(cfg: Config) -> Path:
     failures: dict[str, str] = {}
     workdir = Path(tempfile.mkdtemp(prefix="osac-bench-"))
     console.log(f"work directory {workdir}")
+    metrics_port = free_port()
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,
         search_attributes=ALL_SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
+        dev_server_extra_args=["--metrics-port", str(metrics_port)],
     )
+    cfg.server_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     servers = proc.children_named("temporal")
     cfg.temporal_pid = servers[0] if servers else None
     if cfg.flamegraphs is not None:

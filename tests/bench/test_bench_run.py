@@ -64,6 +64,16 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert by_cause["activity_task_completed"]["tasks_per_worker"] >= 4
     assert all(c["p50_s"] <= c["p99_s"] and c["s_per_worker"] >= 0 for c in by_cause.values())
     assert split["workflow_tasks_replayed_per_run"] >= 0
+    # The server's own counters: the baseline is exactly its K activities and K + 1 workflow tasks
+    # per workflow, so the scrapes cover the whole phase; the lifecycle did at least as much.
+    floor = details["floor"]
+    k = floor["baseline_activities_per_workflow"]
+    baseline = floor["baseline_server_requests_per_workflow"]
+    assert baseline["frontend/RespondActivityTaskCompleted"] == k
+    assert baseline["frontend/RespondWorkflowTaskCompleted"] == k + 1
+    lifecycle = floor["server_requests_per_worker"]
+    assert lifecycle["frontend/RespondWorkflowTaskCompleted"] >= k + 1
+    assert lifecycle["persistence/total"] > baseline["persistence/UpdateWorkflowExecution"] > 0
     assert details["cost_1x"]["audit_violations"] == 0
     # The hub twin's watch delay, for the worker's informers and the harness's own watch.
     delays = details["cost_1x"]["hub_watch_delay"]
