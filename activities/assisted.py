@@ -27,18 +27,17 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent_watch import AgentWatches
+from activities.heartbeats import Heartbeat, tick_seconds
 from activities.hub import (
     MAX_CONFLICT_RETRIES,
     agent_claimed,
     annotate_machine,
     conflict_backoff,
     error,
-    heartbeat,
     nodepool_selector,
     read_order_object,
     still_conflicting,
     sync_replicas,
-    tick_seconds,
     write_order_event,
 )
 from activities.inflight import InFlight
@@ -531,20 +530,19 @@ class AssistedActivities:
                 return None
             return InfraEnvReady(infraenv=ref, image_created=condition_true(obj, "ImageCreated"))
 
-        def on_tick(obj: KubeObject | None) -> None:
+        every = tick_seconds(self._heartbeat_every)
+        beat = Heartbeat(every)
+
+        def progress(obj: KubeObject | None) -> InfraEnvProgress:
             image = condition(obj, "ImageCreated") if obj is not None else None
-            heartbeat(
-                InfraEnvProgress(
-                    infraenv=ref.name,
-                    found=obj is not None,
-                    ignition_url_set=bool(
-                        obj and dig(obj, "status", "bootArtifacts", "discoveryIgnitionURL")
-                    ),
-                    image_created_status=(image or {}).get("status"),
-                    image_created_reason=redact((image or {}).get("reason"), 100),
-                    image_created_message=redact((image or {}).get("message")),
-                    observed_via=informer.observed_via,
-                )
+            return InfraEnvProgress(
+                infraenv=ref.name,
+                found=obj is not None,
+                ignition_url_set=bool(obj and dig(obj, "status", "bootArtifacts", "discoveryIgnitionURL")),
+                image_created_status=(image or {}).get("status"),
+                image_created_reason=redact((image or {}).get("reason"), 100),
+                image_created_message=redact((image or {}).get("message")),
+                observed_via=informer.observed_via,
             )
 
         return await self._kube.wait_object(
@@ -552,8 +550,8 @@ class AssistedActivities:
             ref.namespace,
             ref.name,
             evaluate,
-            on_tick=on_tick,
-            tick_seconds=tick_seconds(self._heartbeat_every),
+            on_tick=lambda obj: beat(lambda: progress(obj)),
+            tick_seconds=every,
         )
 
     @activity.defn(name=HubActivity.DELETE_INFRAENV.value)
@@ -728,27 +726,27 @@ class AssistedActivities:
 
         Two or more: non-retryable AmbiguousAgentMatch (never bound; names in the error details).
         Past the deadline: non-retryable AgentRegistrationTimeout."""
-        progress = self._match_progress(input)
-        match, _ = await self._await_agent(input, progress, tick_seconds(self._heartbeat_every))
+        every = tick_seconds(self._heartbeat_every)
+        match, _ = await self._await_agent(input, self._match_progress(input, every), every)
         return match
 
-    def _match_progress(self, input: WaitAgentInput) -> Callable[[], None]:
-        """A heartbeat of the wait's progress: the InfraEnv's Agents and those with the host's MACs
-        (from the MAC index: hundreds of hosts waiting at once must not each read every inventory)."""
+    def _match_progress(self, input: WaitAgentInput, every: float) -> Callable[[], None]:
+        """Heartbeats of the wait's progress: the InfraEnv's Agents and those with the host's MACs
+        (from the MAC index: hundreds of hosts waiting at once must not each read every inventory;
+        and counted only when a heartbeat is due, not on every change the wait sees)."""
         informer = self._kube.informer(AGENTS)
         namespace, keys = input.infraenv.namespace, [mac_key(mac) for mac in sorted(set(input.macs))]
+        beat = Heartbeat(every)
 
-        def on_tick() -> None:
-            heartbeat(
-                AgentMatchProgress(
-                    infraenv=input.infraenv.name,
-                    agents_in_infraenv=len(_candidates(input, informer.items(namespace))),
-                    matching_agents=len(_candidates(input, informer.indexed(namespace, keys))),
-                    observed_via=informer.observed_via,
-                )
+        def progress() -> AgentMatchProgress:
+            return AgentMatchProgress(
+                infraenv=input.infraenv.name,
+                agents_in_infraenv=len(_candidates(input, informer.items(namespace))),
+                matching_agents=len(_candidates(input, informer.indexed(namespace, keys))),
+                observed_via=informer.observed_via,
             )
 
-        return on_tick
+        return lambda: beat(progress)
 
     @activity.defn(name=HubActivity.WAIT_AGENT_AND_HAND.value)
     @delivers_reports
@@ -761,9 +759,8 @@ class AssistedActivities:
         Once the Agent is matched the hand-off runs to its end even if the activity is cancelled
         meanwhile, so the release that follows a cancellation finds it handed (and unbinds it), not
         half-written by a request still in flight."""
-        match, peers = await self._await_agent(
-            input, self._match_progress(input), tick_seconds(self._heartbeat_every)
-        )
+        every = tick_seconds(self._heartbeat_every)
+        match, peers = await self._await_agent(input, self._match_progress(input, every), every)
         if match.unmatched_macs:
             return AgentHandOff(match=match)
         request = HandAgentInput(
@@ -973,18 +970,16 @@ class AssistedActivities:
         """Wait on the shared Agent informer (fresh read first, see HubKube.wait_object),
         heartbeating the Agent's state and stage."""
         informer = self._kube.informer(AGENTS)
-
-        def on_tick(agent: KubeObject | None) -> None:
-            heartbeat(agent_progress(ref, agent, informer))
-
+        every = tick_seconds(self._heartbeat_every)
+        beat = Heartbeat(every)
         return await self._kube.wait_object(
             AGENTS,
             ref.namespace,
             ref.name,
             evaluate,
             deadline=deadline,
-            on_tick=on_tick,
-            tick_seconds=tick_seconds(self._heartbeat_every),
+            on_tick=lambda agent: beat(lambda: agent_progress(ref, agent, informer)),
+            tick_seconds=every,
         )
 
     @activity.defn(name=HubActivity.WAIT_AGENT_INSTALLED.value)

@@ -21,6 +21,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeats import Heartbeat, tick_seconds
 from activities.kube import (
     AGENTS,
     CLUSTER_ORDERS,
@@ -74,19 +75,6 @@ DEFAULT_HEARTBEAT_EVERY = 10.0
 
 # ---------------------------------------------------------------------------------------------
 # Helpers shared with activities.assisted
-
-
-def tick_seconds(default: float) -> float:
-    """How often a waiting activity heartbeats: a third of its heartbeat timeout, at most `default`."""
-    timeout = activity.info().heartbeat_timeout
-    if timeout and timeout.total_seconds() > 0:
-        return max(0.05, min(default, timeout.total_seconds() / 3))
-    return default
-
-
-def heartbeat(details: Any) -> None:
-    """Heartbeat a pydantic model as plain JSON data (works with any data converter)."""
-    activity.heartbeat(details.model_dump(mode="json"))
 
 
 def error(message: str, type_: HubErrorType, *, non_retryable: bool, **details: Any) -> ApplicationError:
@@ -533,9 +521,12 @@ class HubActivities:
                 raise order_not_found(order)
             return cluster_reference_of(obj)
 
+        every = tick_seconds(self._heartbeat_every)
+        beat = Heartbeat(every)
+
         def on_tick(obj: KubeObject | None) -> None:
-            activity.heartbeat(
-                {
+            beat(
+                lambda: {
                     "order": order.key,
                     "found": obj is not None,
                     "cluster_reference_set": False,
@@ -551,7 +542,7 @@ class HubActivities:
                 evaluate,
                 deadline=input.deadline,
                 on_tick=on_tick,
-                tick_seconds=tick_seconds(self._heartbeat_every),
+                tick_seconds=every,
             )
         except WaitTimedOut:
             raise error(

@@ -20,6 +20,7 @@ from activities.bmaas.client import CLUSTER_VERSIONS, DISK_IMAGES, INSTANCE_TYPE
 from activities.bmaas.errors import BmaasApiError, redact
 from activities.bmaas.snapshot import BmiSnapshot
 from activities.bmaas.watcher import GONE, LIST_FILTER, BmiWatcher, Observed
+from activities.heartbeats import Heartbeat, tick_seconds
 from activities.inflight import InFlight
 from activities.reporting import delivers_reports
 from contracts.bmaas import (
@@ -241,9 +242,13 @@ class BmaasActivities:
                 return bool(obs.macs)  # MACs are filled once after allocation
             return obs.state in (BmiState.FAILED, BmiState.DELETING)
 
-        obs = await self.watcher.wait(
-            req.bmi_id, done, tick=self._tick(), on_tick=self._heartbeat_progress(req.bmi_id)
-        )
+        every = self._tick()
+        beat = Heartbeat(every)
+
+        def progress(obs: Observed, streaming: bool) -> None:
+            beat(lambda: _wait_progress(req.bmi_id, obs, streaming))
+
+        obs = await self.watcher.wait(req.bmi_id, done, tick=every, on_tick=progress)
         if not isinstance(obs, BmiSnapshot):
             raise BmaasApiError(
                 f"BMI {req.bmi_id} disappeared while waiting for it to run", BmaasErrorType.NOT_FOUND
@@ -298,11 +303,14 @@ class BmaasActivities:
         first_seen_deleting: datetime | None = _previous_deleting_since()
         stuck_after = timedelta(seconds=req.stuck_after_seconds)
 
+        every = self._tick()
+        beat = Heartbeat(every)
+
         def progress(obs: Observed, streaming: bool) -> None:
+            # Every observation is judged (stuck, deleting since); heartbeats are paced.
             nonlocal was_stuck, first_seen_deleting
-            details = WaitProgress(bmi_id=req.bmi_id, observed_via="watch" if streaming else "polling")
+            details = _wait_progress(req.bmi_id, obs, streaming)
             if isinstance(obs, BmiSnapshot):
-                details.state = obs.state
                 if obs.state == BmiState.DELETING:
                     first_seen_deleting = first_seen_deleting or _now()
                     since = obs.deleting_since or first_seen_deleting
@@ -323,10 +331,10 @@ class BmaasActivities:
                 if details.stuck and not was_stuck:
                     log.warning("BMI %s deletion looks stuck: %s", req.bmi_id, details.stuck_reason)
                 was_stuck = was_stuck or details.stuck
-            activity.heartbeat(details)
+            beat(lambda: details)
 
         while True:
-            await self.watcher.wait(req.bmi_id, lambda obs: obs is GONE, tick=self._tick(), on_tick=progress)
+            await self.watcher.wait(req.bmi_id, lambda obs: obs is GONE, tick=every, on_tick=progress)
             # Gone as seen by the stream or a relist; confirm with the server before trusting it.
             if await self.watcher.refresh(req.bmi_id) is GONE:
                 return InstanceGone(bmi_id=req.bmi_id, was_stuck=was_stuck)
@@ -417,20 +425,14 @@ class BmaasActivities:
         return [token] if token else []
 
     def _tick(self) -> float:
-        tick = self.heartbeat_interval
-        with_timeout = activity.info().heartbeat_timeout
-        if with_timeout:
-            tick = min(tick, max(0.1, with_timeout.total_seconds() / 3))
-        return tick
+        return tick_seconds(self.heartbeat_interval)
 
-    def _heartbeat_progress(self, bmi_id: str) -> Any:
-        def progress(obs: Observed, streaming: bool) -> None:
-            details = WaitProgress(bmi_id=bmi_id, observed_via="watch" if streaming else "polling")
-            if isinstance(obs, BmiSnapshot):
-                details.state = obs.state
-            activity.heartbeat(details)
 
-        return progress
+def _wait_progress(bmi_id: str, obs: Observed, streaming: bool) -> WaitProgress:
+    details = WaitProgress(bmi_id=bmi_id, observed_via="watch" if streaming else "polling")
+    if isinstance(obs, BmiSnapshot):
+        details.state = obs.state
+    return details
 
 
 def _reference(ref: str) -> dict[str, str]:

@@ -66,7 +66,9 @@ class BmaasLifeWorkflow:
         return LifeOutcome(macs=running.macs)
 
 
-async def _run(harness: Harness, env: WorkflowEnvironment, req: CreateWorkerInstanceInput) -> LifeOutcome:
+async def _run(
+    harness: Harness, env: WorkflowEnvironment, req: CreateWorkerInstanceInput, workflow_id: str | None = None
+) -> LifeOutcome:
     queue = f"bmaas-{uuid.uuid4().hex[:8]}"
     async with Worker(
         env.client,
@@ -78,7 +80,7 @@ async def _run(harness: Harness, env: WorkflowEnvironment, req: CreateWorkerInst
         return await env.client.execute_workflow(
             BmaasLifeWorkflow.run,
             req,
-            id=f"bmaas-life-{uuid.uuid4().hex[:8]}",
+            id=workflow_id or f"bmaas-life-{uuid.uuid4().hex[:8]}",
             task_queue=queue,
             execution_timeout=timedelta(seconds=60),
         )
@@ -97,3 +99,22 @@ async def test_typed_failure_through_a_worker(harness: Harness, temporal_env: Wo
     result = await _run(harness, temporal_env, harness.slot(0))
     assert result.failure_type == BmaasErrorType.NO_HOSTS_AVAILABLE.value
     assert result.non_retryable is True
+
+
+async def test_paced_heartbeats_keep_a_wait_longer_than_its_heartbeat_timeout_alive(
+    harness: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    # Ticks of a third of the timeout (1 s): the first heartbeat a tick into the wait, then one a
+    # tick at most. A boot longer than the whole timeout must still be waited out in one attempt.
+    harness.acts.heartbeat_interval = 60.0
+    await harness.lab.timings(boot_s=HEARTBEAT.total_seconds() + 1.5, wipe_s=0.3)
+    workflow_id = f"bmaas-paced-{uuid.uuid4().hex[:8]}"
+    result = await _run(harness, temporal_env, harness.slot(0), workflow_id)
+    assert result.failure_type is None and len(result.macs) == 2
+    history = await temporal_env.client.get_workflow_handle(workflow_id).fetch_history()
+    started = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert len(started) == 4 and all(a.attempt == 1 for a in started)  # no heartbeat timed out

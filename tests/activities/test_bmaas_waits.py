@@ -13,7 +13,8 @@ from tests.activities.conftest import Harness, wait_for
 
 
 def progress(harness: Harness) -> list[WaitProgress]:
-    return [d for d in harness.heartbeats if isinstance(d, WaitProgress)]
+    """The waits' heartbeats, as sent: plain JSON data of WaitProgress."""
+    return [WaitProgress.model_validate(d) for d in harness.heartbeats]
 
 
 async def test_wait_running_returns_every_mac(harness: Harness) -> None:
@@ -28,6 +29,16 @@ async def test_wait_running_returns_every_mac(harness: Harness) -> None:
     assert running.name == "order1-worker-0"
     # It waited, heartbeating its state on the way.
     assert any(p.state == BmiState.PROVISIONING for p in progress(harness))
+
+
+async def test_a_wait_that_ends_within_its_first_tick_sends_no_heartbeat(harness: Harness) -> None:
+    await harness.lab.timings(boot_s=0.5)
+    harness.acts.heartbeat_interval = 60.0
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    checks_before = harness.watcher.stats.events
+    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    assert harness.watcher.stats.events > checks_before  # it saw the BMI change on the way...
+    assert harness.heartbeats == []  # ...and told the server nothing: it ended within its tick
 
 
 async def _calls_during_wait(harness: Harness, index: int, boot_s: float) -> tuple[int, int]:
