@@ -35,9 +35,9 @@ async def test_a_wait_that_ends_within_its_first_tick_sends_no_heartbeat(harness
     await harness.lab.timings(boot_s=0.5)
     harness.acts.heartbeat_interval = 60.0
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    checks_before = harness.watcher.stats.events
+    events_before = harness.watcher.stats.events
     await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
-    assert harness.watcher.stats.events > checks_before  # it saw the BMI change on the way...
+    assert harness.watcher.stats.events > events_before  # the BMI changed while it waited...
     assert harness.heartbeats == []  # ...and told the server nothing: it ended within its tick
 
 

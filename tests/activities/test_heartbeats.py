@@ -30,8 +30,6 @@ async def test_a_wait_heartbeats_a_tick_after_it_began_then_once_a_tick() -> Non
     built = 0
 
     async def waiting() -> None:
-        nonlocal built
-
         def details() -> Progress:
             nonlocal built
             built += 1
