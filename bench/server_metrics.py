@@ -4,7 +4,7 @@ CPU seconds say how much the server worked; these say for what. `service_request
 requests each service (frontend, history, matching) answered by operation, `persistence_requests`
 the database operations behind them. A phase's figures are the difference of two scrapes, so they
 count everyone who talked to the server meanwhile: in the bench that is the worker under test (the
-harness only starts, signals and reads the orders it drives).
+harness only starts and updates the orders it drives, a few requests per order).
 """
 
 from __future__ import annotations
