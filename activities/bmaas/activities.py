@@ -307,7 +307,7 @@ class BmaasActivities:
         beat = Heartbeat(every)
 
         def progress(obs: Observed, streaming: bool) -> None:
-            # Every observation is judged (stuck, deleting since); heartbeats are paced.
+            # Every observation is judged (stuck, deleting since); only the heartbeats are paced.
             nonlocal was_stuck, first_seen_deleting
             details = _wait_progress(req.bmi_id, obs, streaming)
             if isinstance(obs, BmiSnapshot):

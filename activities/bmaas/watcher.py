@@ -190,7 +190,9 @@ class BmiWatcher:
         tick: float,
         on_tick: Callable[[Observed, bool], None],
     ) -> Observed:
-        """Wait until `done(observed)`; calls `on_tick(observed, streaming)` at least every `tick` s.
+        """Wait until `done(observed)`; calls `on_tick(observed, streaming)` after every check that
+        was not done, so at least every `tick` s (the caller paces its heartbeats, see
+        activities.heartbeats), as the hub informer's wait does.
 
         Raises a non-retryable BmaasInvalidArgument for a BMI outside the watcher's scope (no event
         would ever arrive for it).
@@ -207,8 +209,6 @@ class BmiWatcher:
                     f"BMI {bmi_id} is not a CaaS worker (tenant {SYSTEM_TENANT}, label {ORDER_LABEL})",
                     BmaasErrorType.INVALID_ARGUMENT,
                 )
-            last_tick = time.monotonic()
-            on_tick(current, self.streaming)
             while True:
                 waker.clear()
                 observed = self.observed(bmi_id)
@@ -216,14 +216,10 @@ class BmiWatcher:
                 current = GONE if observed is None else observed
                 if done(current):
                     return current
-                remaining = last_tick + tick - time.monotonic()
-                if remaining > 0:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(remaining):
-                            await waker.wait()
-                if time.monotonic() - last_tick >= tick:
-                    last_tick = time.monotonic()
-                    on_tick(current, self.streaming)
+                on_tick(current, self.streaming)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(tick):
+                        await waker.wait()
         finally:
             wakers = self._wakers[bmi_id]
             wakers.discard(waker)
