@@ -90,10 +90,12 @@ class Config:
     split_worker: bool = False  # a workflow process and an activity process (OSAC_WORKER_ROLE)
     policy: dict[str, float] = field(default_factory=dict)  # TimingPolicy overrides, in seconds
     observe_floor: bool = False  # the harness's hub watch in the floor phase too (costs the twins a watch)
+    twins_nice: int = 0  # niceness of the twins' process: the backends yield the cores to what we measure
 
     def timing_policy(self) -> TimingPolicy:
         """OSAC's default policy (what a real order gets), with any overrides."""
         return TimingPolicy(**{k: timedelta(seconds=v) for k, v in self.policy.items()})
+
     temporal_pid: int | None = None
     server_metrics_url: str | None = None  # the dev server's Prometheus endpoint
     mode: str = "custom"
@@ -189,6 +191,7 @@ async def run_lifecycle(
         flamegraph=cfg.flamegraphs / f"worker-{profile_name}.txt" if cfg.flamegraphs else None,
         worker_command=cfg.worker_command,
         split_worker=cfg.split_worker,
+        twins_nice=cfg.twins_nice,
         policy=cfg.timing_policy(),
     ) as stack:
         orders = await stack.create_orders(n)
@@ -356,6 +359,7 @@ async def run_density(client: Client, workdir: Path, cfg: Config) -> Density:
         flamegraph=cfg.flamegraphs / "worker-density.txt" if cfg.flamegraphs else None,
         worker_command=cfg.worker_command,
         split_worker=cfg.split_worker,
+        twins_nice=cfg.twins_nice,
         policy=cfg.timing_policy(),
     ) as stack:
         orders = await stack.create_orders(d)
@@ -453,6 +457,7 @@ def build_results(
             "bmaas_activities_per_second": cfg.bmaas_rate,
             "worker_command": cfg.worker_command,
             "worker_processes": ["workflows", "activities"] if cfg.split_worker else ["all"],
+            "twins_nice": cfg.twins_nice,
             "policy_overrides_s": cfg.policy,
             "density_hold_s": cfg.hold_s,
             "ready_hold_s": cfg.ready_hold_s,
@@ -637,9 +642,7 @@ def _event_types(lc: Lifecycle) -> dict[str, dict[str, float]]:
         for run in lc.histories:
             if run.workflow_type == kind:
                 counts.update(run.event_types)
-        out[kind] = {
-            k.removeprefix("EVENT_TYPE_"): round(v / lc.n, 2) for k, v in counts.most_common()
-        }
+        out[kind] = {k.removeprefix("EVENT_TYPE_"): round(v / lc.n, 2) for k, v in counts.most_common()}
     return out
 
 
@@ -839,6 +842,14 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser.add_argument(
         "--bmaas-rate", type=float, default=10_000.0, help="OSAC_BMAAS_ACTIVITIES_PER_SECOND of the worker"
     )
+    parser.add_argument(
+        "--twins-nice",
+        type=int,
+        default=0,
+        choices=range(20),
+        metavar="0..19",
+        help="niceness of the twins' process, so the backends yield the cores to the worker and server",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--keep-workdir", action="store_true", help="keep the logs of twins and workers")
     parser.add_argument(
@@ -894,6 +905,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         flamegraphs=args.flamegraphs,
         worker_command=shlex.split(args.worker_command) if args.worker_command else None,
         split_worker=args.split_worker,
+        twins_nice=args.twins_nice,
         policy=policy,
         **preset,
     )

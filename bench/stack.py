@@ -293,12 +293,13 @@ async def bench_stack(
     flamegraph: Path | None = None,
     worker_command: list[str] | None = None,
     split_worker: bool = False,
+    twins_nice: int = 0,
     policy: TimingPolicy | None = None,
 ) -> AsyncIterator[BenchStack]:
     """Fresh twins and a fresh worker, on task queues of their own: one process, or with
     `split_worker` a workflow process and an activity process (`OSAC_WORKER_ROLE`). With
     `flamegraph`, py-spy samples each worker process (and the twins) for as long as the stack runs."""
-    twins = TwinsProcess(profile_name, hosts, workdir / "twins", workdir / "twins.log")
+    twins = TwinsProcess(profile_name, hosts, workdir / "twins", workdir / "twins.log", nice=twins_nice)
     info = await asyncio.to_thread(twins.start)
     task_queue = f"bench-{profile_name}-{uuid.uuid4().hex[:6]}"
     workers: dict[str, subprocess.Popen[bytes]] = {}

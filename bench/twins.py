@@ -13,6 +13,7 @@ out everything that is not the orchestrator.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import secrets
@@ -95,8 +96,9 @@ def _serve(profile_name: str, hosts: int, state_dir: Path) -> None:
 class TwinsProcess:
     """The parent's handle: start, read the endpoints, stop."""
 
-    def __init__(self, profile_name: str, hosts: int, state_dir: Path, log: Path) -> None:
+    def __init__(self, profile_name: str, hosts: int, state_dir: Path, log: Path, *, nice: int = 0) -> None:
         self.profile_name = profile_name
+        self.nice = nice
         self.hosts = hosts
         self.state_dir = state_dir
         self.log = log
@@ -121,6 +123,7 @@ class TwinsProcess:
                 ],
                 stdout=out,
                 stderr=out,
+                preexec_fn=functools.partial(os.nice, self.nice) if self.nice else None,
             )
         deadline = time.monotonic() + timeout
         state = self.state_dir / STATE_FILE
