@@ -98,10 +98,10 @@ class TwinsProcess:
 
     def __init__(self, profile_name: str, hosts: int, state_dir: Path, log: Path, *, nice: int = 0) -> None:
         self.profile_name = profile_name
-        self.nice = nice
         self.hosts = hosts
         self.state_dir = state_dir
         self.log = log
+        self.nice = nice  # added to ours: the twins stand in for remote services, so they yield the cores
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 120.0) -> TwinsInfo:
