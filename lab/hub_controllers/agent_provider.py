@@ -97,16 +97,14 @@ def _by_machine_ref(agents: dict[str, Obj]) -> dict[str, Obj]:
     return result
 
 
+def _eligible(agent: Obj, selector: dict[str, Any]) -> bool:
+    return claimable(agent) and selector_matches(selector, agent["metadata"].get("labels") or {})
+
+
 def _candidates(agents: dict[str, Obj], selector: dict[str, Any], taken: set[str]) -> list[Obj]:
     """Agents a pending Machine may claim, oldest first (ties broken by name)."""
     return sorted(
-        (
-            a
-            for a in agents.values()
-            if _name(a) not in taken
-            and claimable(a)
-            and selector_matches(selector, a["metadata"].get("labels") or {})
-        ),
+        (a for a in agents.values() if _name(a) not in taken and _eligible(a, selector)),
         key=lambda a: (str(a["metadata"].get("creationTimestamp", "")), _name(a)),
     )
 
@@ -250,7 +248,7 @@ class NodePoolController(Controller):
                     ranked = _candidates(agents, selector, taken)
                 # `taken` only grows: filtering the first ranking equals ranking afresh.
                 candidates = [a for a in ranked if _name(a) not in taken]
-                claimed = await self._claim(node_pool, machine, candidates)
+                claimed = await self._claim(node_pool, machine, candidates, selector)
                 if claimed is None:
                     retry = 1.0 if retry is None else retry  # also re-driven by Agent events
                 else:
@@ -348,42 +346,63 @@ class NodePoolController(Controller):
             {"spec": {"providerID": f"{PROVIDER_ID_PREFIX}{agent_name}"}},
         )
 
-    async def _claim(self, node_pool: Obj, machine: Obj, candidates: list[Obj]) -> str | None:
-        """Claim the first of `candidates` (see `_candidates`) that a compare-and-swap lets us have."""
+    async def _claim(
+        self, node_pool: Obj, machine: Obj, candidates: list[Obj], selector: dict[str, Any]
+    ) -> str | None:
+        """Claim the first of `candidates` (see `_candidates`) that a compare-and-swap lets us have.
+
+        A conflict usually means only that the cached copy is behind (the host state controller
+        writes the Agent's status all the time), so the Agent is read afresh and claimed if it is
+        still eligible; otherwise every pending Machine would try every stale candidate in turn.
+        """
+        for candidate in candidates:
+            agent: Obj | None = candidate
+            for attempt in range(2):  # the cached copy, then the fresh one after a conflict
+                assert agent is not None
+                try:
+                    # Carries the copy's resourceVersion: the compare-and-swap.
+                    await self._api.replace(AGENTS, self._claimed_copy(node_pool, machine, agent))
+                except ApiError as exc:
+                    if not (exc.is_conflict or exc.is_not_found):
+                        raise
+                    if exc.is_not_found or attempt:
+                        break  # removed, or changed again since the fresh read: try the next one
+                    m = agent["metadata"]
+                    agent = await self._api.get(AGENTS, m.get("namespace"), m["name"])
+                    if agent is None or not _eligible(agent, selector):
+                        break  # claimed by someone else meanwhile, or no longer fit
+                    continue
+                await self._set_provider_id(machine, _name(agent))
+                await self._events.emit(
+                    node_pool,
+                    EventType.NORMAL,
+                    "AgentClaimed",
+                    f"Machine {_name(machine)} claimed Agent {_name(agent)}",
+                )
+                return _name(agent)
+        return None
+
+    @staticmethod
+    def _claimed_copy(node_pool: Obj, machine: Obj, agent: Obj) -> Obj:
         np_meta = node_pool["metadata"]
         cluster = str(node_pool.get("spec", {}).get("clusterName") or np_meta["name"])
-        for agent in candidates:
-            claimed = dict(agent)
-            claimed["metadata"] = {
-                **agent["metadata"],
-                "labels": {
-                    **(agent["metadata"].get("labels") or {}),
-                    Label.AGENT_MACHINE_REF.value: _name(machine),
-                },
-                "annotations": {
-                    **(agent["metadata"].get("annotations") or {}),
-                    Annotation.AGENT_MACHINE_REF_NAMESPACE.value: machine["metadata"]["namespace"],
-                },
-            }
-            claimed["spec"] = {
-                **agent.get("spec", {}),
-                "clusterDeploymentName": {"name": cluster, "namespace": np_meta["namespace"]},
-            }
-            try:
-                await self._api.replace(AGENTS, claimed)  # carries the cached resourceVersion: CAS
-            except ApiError as exc:
-                if exc.is_conflict or exc.is_not_found:
-                    continue  # someone changed or removed it first; try the next one
-                raise
-            await self._set_provider_id(machine, _name(agent))
-            await self._events.emit(
-                node_pool,
-                EventType.NORMAL,
-                "AgentClaimed",
-                f"Machine {_name(machine)} claimed Agent {_name(agent)}",
-            )
-            return _name(agent)
-        return None
+        claimed = dict(agent)
+        claimed["metadata"] = {
+            **agent["metadata"],
+            "labels": {
+                **(agent["metadata"].get("labels") or {}),
+                Label.AGENT_MACHINE_REF.value: _name(machine),
+            },
+            "annotations": {
+                **(agent["metadata"].get("annotations") or {}),
+                Annotation.AGENT_MACHINE_REF_NAMESPACE.value: machine["metadata"]["namespace"],
+            },
+        }
+        claimed["spec"] = {
+            **agent.get("spec", {}),
+            "clusterDeploymentName": {"name": cluster, "namespace": np_meta["namespace"]},
+        }
+        return claimed
 
     async def _release(self, machine: Obj, agent: Obj | None) -> None:
         if agent is None:

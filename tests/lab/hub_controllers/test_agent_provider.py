@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.hub_controllers.agent_provider import NodePoolController
 from lab.hub_controllers.constants import HostState
 from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
 from lab.hub_controllers.testing import (
@@ -158,3 +159,60 @@ def test_only_approved_matching_agents_are_claimed(lab: Lab, ns: str) -> None:
     wait_state(lab.client, ns, "host-e1", HostState.ADDED_TO_EXISTING_CLUSTER)
     assert _claimed(lab, ns) == claimed
     assert host_state(lab.client.get(AGENTS, ns, "host-e2")) == HostState.KNOWN_UNBOUND
+
+
+def _provider(lab: Lab) -> NodePoolController:
+    controllers = [c for service in lab.behaviour.services for c in service.controllers]
+    [provider] = [c for c in controllers if isinstance(c, NodePoolController)]
+    return provider
+
+
+def _claim_from(lab: Lab, ns: str, stale: dict[str, Any]) -> str | None:
+    """The provider claims `stale` (a copy older than the stored Agent) for a new Machine, directly."""
+    machine = lab.client.create(
+        MACHINES,
+        {
+            "metadata": {"name": "m-direct", "namespace": ns},  # no NodePool label: no pool reconciles it
+            "spec": {
+                "clusterName": "c1",
+                "bootstrap": {"dataSecretName": "user-data-np1"},
+                "infrastructureRef": {
+                    "apiVersion": "capi-provider.agent-install.openshift.io/v1beta1",
+                    "kind": "AgentMachine",
+                    "name": "m-direct",
+                    "namespace": ns,
+                },
+            },
+        },
+    )
+    node_pool = {"metadata": {"name": "np1", "namespace": ns}, "spec": {"clusterName": "c1"}}
+    claim = _provider(lab)._claim(node_pool, machine, [stale], {"matchLabels": SELECTOR})
+    result: str | None = lab.hub.call(claim)
+    return result
+
+
+def test_a_claim_from_a_stale_copy_reads_the_agent_afresh_and_keeps_what_changed(lab: Lab, ns: str) -> None:
+    """A conflict only says the cached copy is behind (the host state controller writes the Agent's
+    status all the time): the provider reads it again and claims it if it is still eligible."""
+    _boot_hosts(lab, ns, ["host-s1"])
+    stale = lab.client.get(AGENTS, ns, "host-s1")
+    assert stale is not None
+    lab.client.patch(AGENTS, ns, "host-s1", {"metadata": {"annotations": {"meanwhile": "yes"}}})
+
+    assert _claim_from(lab, ns, stale) == "host-s1"
+    agent = lab.client.get(AGENTS, ns, "host-s1")
+    assert agent is not None
+    assert agent["metadata"]["labels"][MACHINE_REF] == "m-direct"
+    assert agent["metadata"]["annotations"]["meanwhile"] == "yes"
+    assert agent["spec"]["clusterDeploymentName"] == {"name": "c1", "namespace": ns}
+
+
+def test_a_stale_copy_of_an_agent_claimed_meanwhile_is_not_taken(lab: Lab, ns: str) -> None:
+    _boot_hosts(lab, ns, ["host-s2"])
+    stale = lab.client.get(AGENTS, ns, "host-s2")
+    assert stale is not None
+    lab.client.patch(AGENTS, ns, "host-s2", {"metadata": {"labels": {MACHINE_REF: "someone-else"}}})
+
+    assert _claim_from(lab, ns, stale) is None
+    agent = lab.client.get(AGENTS, ns, "host-s2")
+    assert agent is not None and agent["metadata"]["labels"][MACHINE_REF] == "someone-else"
