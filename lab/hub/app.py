@@ -10,7 +10,6 @@ from typing import Protocol
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp
 
 from lab.hub import errors, lab_routes, routes
 from lab.hub.config import HubConfig
@@ -27,11 +26,10 @@ class HubService(Protocol):
 
     Started in the app lifespan after storage is ready and stopped before it ends. The HTTP server
     starts listening only after every `start()` returned, so a service must not wait for the API
-    inside `start()`; it should start a task that connects (and retries) instead. `app` is the hub's
-    own ASGI app, for a service that sends its requests to it in process (same event loop).
+    inside `start()`; it should start a task that connects (and retries) instead.
     """
 
-    async def start(self, app: ASGIApp) -> None: ...
+    async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -47,7 +45,7 @@ def create_hub_app(
         started: list[HubService] = []
         try:
             for service in services:
-                await service.start(app)
+                await service.start()
                 started.append(service)
             yield
         finally:

@@ -4,10 +4,9 @@
     app = create_hub_app(config, routers=behaviour.routers, services=behaviour.services)
     fulfillment twin: boot_seam=behaviour.boot_seam
 
-The controllers are API clients of the hub with `controller_token`, like the real assisted-service and
-CAPI provider: their requests go to the hub app in process, their watches over HTTP at `hub_url`
-(see lab.hub_controllers.kube). They start inside the hub app's lifespan and keep retrying until the
-server answers (it starts listening only after the lifespan started).
+The controllers reach the hub over HTTP at `hub_url` with `controller_token`, like the real
+assisted-service and CAPI provider do; they start inside the hub app's lifespan and keep retrying
+until the server answers (it starts listening only after the lifespan started).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fastapi import APIRouter
-from starlette.types import ASGIApp
 
 from lab.hub_controllers.agent_boot import AgentBootSeam
 from lab.hub_controllers.agent_provider import NodePoolController
@@ -65,10 +63,10 @@ class HubControllers:
         self.controllers: list[Controller] = []
         self.assisted: AssistedDeps | None = None
 
-    async def start(self, app: ASGIApp) -> None:
+    async def start(self) -> None:
         # Read the CA only now: the hub may write its certificate after this object was built.
         verify = ssl.create_default_context(cafile=str(self._ca_file)) if self._ca_file else True
-        api = self.api = KubeApi(self.hub_url, self._token, verify=verify, app=app)
+        api = self.api = KubeApi(self.hub_url, self._token, verify=verify)
         informers = self.informers = InformerSet(api)
         events = EventRecorder(api, "assisted-service")
         capi_events = EventRecorder(api, "capi-provider-agent")

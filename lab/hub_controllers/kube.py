@@ -3,12 +3,6 @@
 The controllers are real API clients on purpose: they go through authentication, schema validation,
 resourceVersion conflicts and watches exactly like the real assisted-service and CAPI provider, so
 the hub twin is exercised the way production exercises the real hub.
-
-Given the hub's own ASGI app (the controllers run inside it), requests are handed to the app in
-process: the same routes, authentication, validation and answers, without a loopback socket and two
-HTTP/1.1 codecs per request (the twins used a fifth less CPU for 500 workers; bench/README round 13).
-Watches always stream over the network, as a real client's do. (httpx applies no timeouts to an
-app in process; the hub answers every request without waiting.)
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ from enum import StrEnum
 from typing import Any
 
 import httpx
-from starlette.types import ASGIApp
 
 from lab.hub_controllers.resources import ApiResource
 
@@ -118,37 +111,22 @@ class KubeApi:
     """Typed-enough REST verbs; every error surfaces as `ApiError` with the server's reason."""
 
     def __init__(
-        self,
-        base_url: str,
-        token: str,
-        *,
-        timeout: float = 30.0,
-        verify: bool | ssl.SSLContext = True,
-        app: ASGIApp | None = None,
+        self, base_url: str, token: str, *, timeout: float = 30.0, verify: bool | ssl.SSLContext = True
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = timeout
         self._in_flight = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        self._watch_client = httpx.AsyncClient(
+        self._client = httpx.AsyncClient(
             base_url=self.base_url,
             verify=verify,
-            headers=headers,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
             timeout=httpx.Timeout(timeout, connect=5.0),
             # Watches hold connections of their own beside the requests.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_REQUESTS_IN_FLIGHT),
         )
-        self._client = self._watch_client
-        self._in_process = app is not None
-        if app is not None:
-            # A failing handler answers 500, as the server would, instead of raising in the caller.
-            transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-            self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport)
 
     async def aclose(self) -> None:
         await self._client.aclose()
-        if self._client is not self._watch_client:
-            await self._watch_client.aclose()
 
     async def _request(
         self,
@@ -169,11 +147,6 @@ class KubeApi:
             busy = f"{MAX_REQUESTS_IN_FLIGHT} requests in flight for {self._timeout:.0f}s"
             raise httpx.PoolTimeout(busy) from None
         try:
-            if self._in_process:
-                # A request over a socket waits for the server several times; in process it never
-                # does, and a burst of reconciles would hold the hub's loop, and its watch streams,
-                # for as long as it lasts.
-                await asyncio.sleep(0)
             response = await self._client.request(
                 method, path, params=params, content=content, headers=headers
             )
@@ -294,7 +267,7 @@ class KubeApi:
             params["resourceVersion"] = resource_version
         # The read timeout outlives the server-side one, so a silent stream still ends and resumes.
         timeout = httpx.Timeout(5.0, read=timeout_seconds + 30.0)
-        async with self._watch_client.stream(
+        async with self._client.stream(
             "GET", res.collection_path(), params=params, timeout=timeout
         ) as response:
             if response.status_code >= 400:

@@ -9,7 +9,6 @@ import httpx
 import kubernetes
 import yaml
 from fastapi import APIRouter, Depends
-from starlette.types import ASGIApp
 
 from lab.hub import hub_user, write_kubeconfig
 from lab.hub.testing import running_hub, wait_for
@@ -18,10 +17,8 @@ from lab.hub.testing import running_hub, wait_for
 class RecordingService:
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.apps: list[ASGIApp] = []
 
-    async def start(self, app: ASGIApp) -> None:
-        self.apps.append(app)
+    async def start(self) -> None:
         self.calls.append("start")
 
     async def stop(self) -> None:
@@ -44,7 +41,6 @@ def test_routers_and_services_ride_along(tmp_path: Path) -> None:
         tmp_path, routers=[router], services=[service], namespaces=["default", "clusters"]
     ) as hub:
         assert service.calls == ["start"]
-        assert service.apps == [hub.app]
         with httpx.Client(base_url=hub.url) as anonymous:
             assert anonymous.get("/api/assisted-install/v2/infra-envs/x/downloads/files").json() == {
                 "id": "x"
