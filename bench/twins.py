@@ -13,7 +13,6 @@ out everything that is not the orchestrator.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import secrets
@@ -123,8 +122,11 @@ class TwinsProcess:
                 ],
                 stdout=out,
                 stderr=out,
-                preexec_fn=functools.partial(os.nice, self.nice) if self.nice else None,
             )
+        if self.nice:
+            # From here, not in the child before exec (`preexec_fn` is unsafe with threads running).
+            niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+            os.setpriority(os.PRIO_PROCESS, self.proc.pid, niceness)
         deadline = time.monotonic() + timeout
         state = self.state_dir / STATE_FILE
         while not state.exists():
