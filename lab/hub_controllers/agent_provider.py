@@ -352,34 +352,38 @@ class NodePoolController(Controller):
         """Claim the first of `candidates` (see `_candidates`) that a compare-and-swap lets us have.
 
         A conflict usually means only that the cached copy is behind (the host state controller
-        writes the Agent's status all the time), so the Agent is read afresh and claimed if it is
-        still eligible; otherwise every pending Machine would try every stale candidate in turn.
+        writes the Agent's status all the time), so `mutate` reads the Agent afresh and it is
+        claimed if it is still eligible; otherwise every pending Machine would try every stale
+        candidate in turn.
         """
         for candidate in candidates:
-            agent: Obj | None = candidate
-            for attempt in range(2):  # the cached copy, then the fresh one after a conflict
-                assert agent is not None
-                try:
-                    # Carries the copy's resourceVersion: the compare-and-swap.
-                    await self._api.replace(AGENTS, self._claimed_copy(node_pool, machine, agent))
-                except ApiError as exc:
-                    if not (exc.is_conflict or exc.is_not_found):
-                        raise
-                    if exc.is_not_found or attempt:
-                        break  # removed, or changed again since the fresh read: try the next one
-                    m = agent["metadata"]
-                    agent = await self._api.get(AGENTS, m.get("namespace"), m["name"])
-                    if agent is None or not _eligible(agent, selector):
-                        break  # claimed by someone else meanwhile, or no longer fit
-                    continue
-                await self._set_provider_id(machine, _name(agent))
-                await self._events.emit(
-                    node_pool,
-                    EventType.NORMAL,
-                    "AgentClaimed",
-                    f"Machine {_name(machine)} claimed Agent {_name(agent)}",
+            wrote = False
+
+            def claim(agent: Obj) -> Obj | None:
+                nonlocal wrote
+                wrote = _eligible(agent, selector)  # the cached copy is; a fresh one may not be
+                return self._claimed_copy(node_pool, machine, agent) if wrote else None
+
+            m = candidate["metadata"]
+            try:
+                # From the cached copy first: its resourceVersion makes the write a compare-and-swap.
+                stored = await self._api.mutate(
+                    AGENTS, m.get("namespace"), m["name"], claim, attempts=2, cached=candidate
                 )
-                return _name(agent)
+            except ApiError as exc:
+                if exc.is_conflict or exc.is_not_found:
+                    continue  # changed again since the fresh read, or removed: try the next one
+                raise
+            if stored is None or not wrote:
+                continue  # gone, or claimed by someone else meanwhile, or no longer fit
+            await self._set_provider_id(machine, _name(stored))
+            await self._events.emit(
+                node_pool,
+                EventType.NORMAL,
+                "AgentClaimed",
+                f"Machine {_name(machine)} claimed Agent {_name(stored)}",
+            )
+            return _name(stored)
         return None
 
     @staticmethod
