@@ -283,6 +283,15 @@ class Floor:
     def ratio(self) -> float:
         return self.lifecycle.wall_s / self.baseline_s
 
+    def work_ratio(self, *, with_twins: bool) -> float | None:
+        """CPU seconds of the lifecycle over the baseline's, side by side: steadier than the wall
+        times when the machine's speed moves between runs. The baseline has no twins to count."""
+        ours = {"worker", "temporal_server"} | ({"twins"} if with_twins else set())
+        baseline = sum(self.baseline_cpu_s.values())
+        if baseline <= 0:
+            return None
+        return round(sum(v for k, v in self.lifecycle.cpu_s.items() if k in ours) / baseline, 3)
+
 
 async def run_floor(client: Client, workdir: Path, cfg: Config) -> Floor:
     lifecycle = await run_lifecycle(client, workdir, ZERO, cfg.n, cfg, observe=cfg.observe_floor)
@@ -475,6 +484,8 @@ def build_results(
             "baseline_activities_per_workflow": floor.activities_per_workflow,
             "baseline_wall_s": round(floor.baseline_s, 2),
             "baseline_cpu_s": floor.baseline_cpu_s,
+            "work_ratio": floor.work_ratio(with_twins=True),
+            "work_ratio_without_twins": floor.work_ratio(with_twins=False),
             "worker_cpu_s": round(lc.worker_cpu_s, 1),
             "worker_rss_mb": round(lc.worker_rss_mb, 1),
             "cpu_s_during_lifecycle": lc.cpu_s,
@@ -678,6 +689,15 @@ def print_table(results: dict[str, Any], details: dict[str, Any]) -> None:
         "<= 1.3",
         _verdict(floor, 1.3),
     )
+    if f:
+        table.add_row(
+            "  CPU s ratio (lifecycle / baseline)",
+            _fmt(f.get("work_ratio")),
+            f"without twins {_fmt(f.get('work_ratio_without_twins'))}",
+            "",
+            "",
+            "",
+        )
 
     def cost_row(label: str, cost: dict[str, Any], target: str, verdict: str) -> None:
         def cell(c: dict[str, Any] | None) -> str:

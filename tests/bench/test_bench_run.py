@@ -74,6 +74,8 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     lifecycle = floor["server_requests_per_worker"]
     assert lifecycle["frontend/RespondWorkflowTaskCompleted"] >= k + 1
     assert lifecycle["persistence/total"] > baseline["persistence/UpdateWorkflowExecution"] > 0
+    # CPU seconds side by side: the twins' share counts in one ratio only.
+    assert floor["work_ratio"] > floor["work_ratio_without_twins"] > 0
     assert details["cost_1x"]["audit_violations"] == 0
     # The hub twin's watch delay, for the worker's informers and the harness's own watch.
     delays = details["cost_1x"]["hub_watch_delay"]
