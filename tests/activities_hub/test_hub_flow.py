@@ -100,8 +100,10 @@ async def test_worker_lifecycle_through_the_agent_provider(lab, lab_api, lab_ass
         assert body["spec"]["clusterDeploymentName"]["name"]  # set by the provider, not by us
     machines = {m["spec"].get("providerID"): m for m in lab_api.items("Machine")}
     assert set(machines) == {f"agent://{a.name}" for a in agents}
-    stages = {h[0]["stage"] for run in install_runs for h in run.heartbeats}
-    assert stages  # heartbeats carried the install's progress
+    # No assertion on these waits' heartbeats: a wait that ends within its first tick sends none
+    # (paced, activities/heartbeats.py), and with the lab's zero timings an install can. What a
+    # heartbeat of this wait carries is checked where the Agent holds still
+    # (test_hub_agents.py::test_wait_agent_installed_reports_failures_and_deadline).
 
     # Scale down the second worker by name.
     leaving, staying = agents[1], agents[0]
