@@ -87,11 +87,16 @@ def _name(obj: Obj) -> str:
     return str(obj["metadata"]["name"])
 
 
+def _machine_ref(agent: Obj) -> str | None:
+    """The Machine that claimed the Agent (its `agentMachineRef` label), if any."""
+    return (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value)
+
+
 def _by_machine_ref(agents: dict[str, Obj]) -> dict[str, Obj]:
     """Machine name -> the first Agent (in `agents` order) whose `agentMachineRef` names it."""
     result: dict[str, Obj] = {}
     for agent in agents.values():
-        ref = (agent["metadata"].get("labels") or {}).get(Label.AGENT_MACHINE_REF.value)
+        ref = _machine_ref(agent)
         if ref is not None:
             result.setdefault(ref, agent)
     return result
@@ -356,14 +361,11 @@ class NodePoolController(Controller):
         claimed if it is still eligible; otherwise every pending Machine would try every stale
         candidate in turn.
         """
+        def claim(agent: Obj) -> Obj | None:
+            # The cached copy is eligible; a fresh one, read after a conflict, may no longer be.
+            return self._claimed_copy(node_pool, machine, agent) if _eligible(agent, selector) else None
+
         for candidate in candidates:
-            wrote = False
-
-            def claim(agent: Obj) -> Obj | None:
-                nonlocal wrote
-                wrote = _eligible(agent, selector)  # the cached copy is; a fresh one may not be
-                return self._claimed_copy(node_pool, machine, agent) if wrote else None
-
             m = candidate["metadata"]
             try:
                 # From the cached copy first: its resourceVersion makes the write a compare-and-swap.
@@ -374,7 +376,7 @@ class NodePoolController(Controller):
                 if exc.is_conflict or exc.is_not_found:
                     continue  # changed again since the fresh read, or removed: try the next one
                 raise
-            if stored is None or not wrote:
+            if stored is None or _machine_ref(stored) != _name(machine):
                 continue  # gone, or claimed by someone else meanwhile, or no longer fit
             await self._set_provider_id(machine, _name(stored))
             await self._events.emit(
