@@ -147,6 +147,12 @@ class TimingPolicy(BaseModel):
     status_coalesce: timedelta = timedelta(seconds=0.5)
     # How often a cluster with a missing boot image or cluster reference looks again.
     prerequisite_recheck: timedelta = timedelta(minutes=1)
+    # A backend call still running after this is retried: how late a call lost with its worker
+    # (killed, partitioned) is made again by another.
+    call_timeout: timedelta = Field(default=timedelta(seconds=60), gt=timedelta(0))
+    # A wait that has not heartbeated for this long is handed to another worker: how soon the waits
+    # of a worker that died move on. The waits heartbeat every third of it (activities.heartbeats).
+    wait_heartbeat_timeout: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0))
 
     def backoff(self, reason: FailureReason, failures_in_a_row: int) -> timedelta:
         """Backoff before the next attempt after `failures_in_a_row` (>= 1) failures."""

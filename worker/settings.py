@@ -72,7 +72,8 @@ class Settings(BaseSettings):
     # burst of new workflows sooner; the running ones' tasks waited behind them (bench/README.md round 8).
     # How long a task for a cached workflow waits for this process before the server gives it to
     # any worker instead: a timeout adds two events and a full replay. 60 s removed every timeout
-    # at 500 workers in flight; after a crash the server stops using a queue nobody polls after 10 s.
+    # at 500 workers in flight. After a SIGKILL the server keeps using the dead process's queue for
+    # a few seconds (until it sees nobody polls it): a task that lands there then waits this long.
     sticky_queue_timeout_seconds: float = Field(default=60.0, gt=0)
     # How long a worker report waits for others to the same cluster workflow, so a burst of phase
     # changes reaches it in a few signals (each wakes it: history events). 0: send at once.

@@ -9,13 +9,14 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
+from contracts.worker import TimingPolicy
+
 T = TypeVar("T")
 
 # Calls to a backend: retried by Temporal without end (an outage is waited out, never a give-up).
-CALL_TIMEOUT = timedelta(seconds=60)
+# How long one attempt may take, and how long a wait may go without a heartbeat, are the order's
+# TimingPolicy (call_timeout, wait_heartbeat_timeout).
 CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
-# Waits run inside heartbeating activities; a dead worker is noticed within the heartbeat timeout.
-WAIT_HEARTBEAT = timedelta(seconds=30)
 WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30))
 # A wait ends when its condition holds or the workflow stops it; the timeout is only a backstop.
 WAIT_LIMIT = timedelta(days=365)
@@ -26,6 +27,7 @@ async def call_activity(
     arg: Any,
     result_type: type[T] | None,
     *,
+    policy: TimingPolicy,
     summary: str,
     wait: bool = False,
     task_queue: str | None = None,
@@ -33,14 +35,15 @@ async def call_activity(
 ) -> T:
     """Execute an activity by name. A cancelled call returns only once the activity has stopped,
     so teardown never races a create that is still running. `local`: a short call run by the
-    workflow's own worker, recorded as one marker instead of three events and a workflow task."""
+    workflow's own worker, recorded as one marker instead of three events and a workflow task.
+    `policy` gives one attempt's timeout (calls) or the heartbeat timeout (waits)."""
     if local:
         assert not wait and task_queue is None, "a local activity is short and runs on the workflow's queue"
         local_result: T = await workflow.execute_local_activity(
             name,
             arg,
             result_type=result_type,
-            start_to_close_timeout=CALL_TIMEOUT,
+            start_to_close_timeout=policy.call_timeout,
             retry_policy=CALL_RETRY,
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=summary,
@@ -51,8 +54,8 @@ async def call_activity(
         arg,
         result_type=result_type,
         task_queue=task_queue,
-        start_to_close_timeout=WAIT_LIMIT if wait else CALL_TIMEOUT,
-        heartbeat_timeout=WAIT_HEARTBEAT if wait else None,
+        start_to_close_timeout=WAIT_LIMIT if wait else policy.call_timeout,
+        heartbeat_timeout=policy.wait_heartbeat_timeout if wait else None,
         retry_policy=WAIT_RETRY if wait else CALL_RETRY,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         summary=summary,

@@ -604,7 +604,12 @@ class ClusterWorkersWorkflow:
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
         return await call_activity(
-            name.value, arg, result_type, summary=summary, task_queue=self._input.bmaas_task_queue
+            name.value,
+            arg,
+            result_type,
+            policy=self._input.policy,
+            summary=summary,
+            task_queue=self._input.bmaas_task_queue,
         )
 
     async def _hub(
@@ -617,7 +622,9 @@ class ClusterWorkersWorkflow:
         wait: bool = False,
         local: bool = False,
     ) -> T:
-        return await call_activity(name.value, arg, result_type, summary=summary, wait=wait, local=local)
+        return await call_activity(
+            name.value, arg, result_type, policy=self._input.policy, summary=summary, wait=wait, local=local
+        )
 
 
 def _active(slot: SlotRecord) -> bool:

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         CarriesReport,
         FailureReason,
         ReportDelivery,
+        TimingPolicy,
         WorkerPhase,
         WorkerStatus,
     )
@@ -548,7 +549,7 @@ class WorkerNodeWorkflow:
         assert self._progress is not None and self._input is not None
         return self._progress, self._input.slot
 
-    def _policy(self) -> Any:
+    def _policy(self) -> TimingPolicy:
         assert self._input is not None
         return self._input.policy
 
@@ -694,7 +695,14 @@ class WorkerNodeWorkflow:
             arg = arg.model_copy(update={"report": delivery})
         try:
             result: T = await call_activity(
-                name, arg, result_type, summary=summary, wait=wait, task_queue=task_queue, local=local
+                name,
+                arg,
+                result_type,
+                policy=self._policy(),
+                summary=summary,
+                wait=wait,
+                task_queue=task_queue,
+                local=local,
             )
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):

@@ -122,6 +122,11 @@ def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("OSAC_TIMING_POLICY", "fastest")
     with pytest.raises(ValueError, match="timing_policy"):
         StarterSettings()
+    monkeypatch.setenv("OSAC_TIMING_POLICY", "production")
+    overrides.write_text(json.dumps({"call_timeout": "PT10S", "wait_heartbeat_timeout": 0}))
+    with pytest.raises(ValueError, match="wait_heartbeat_timeout") as refused:
+        StarterSettings().policy()
+    assert "greater than 0" in str(refused.value) and "call_timeout" not in str(refused.value)
 
 
 async def test_the_work_queue_dedupes_and_never_hands_out_a_key_twice_at_once() -> None:

@@ -1,7 +1,9 @@
 """Crash safety: the worker is a real process, SIGKILLed mid-provisioning and mid-deprovisioning.
 
 After each restart every slot ends with exactly one BMI, no host is allocated twice and no host is
-released unwiped (the fulfillment twin's audit proves both)."""
+released unwiped (the fulfillment twin's audit proves both). The orders' policy gives the
+activities short timeouts, so the killed worker's calls and waits move to the next one within
+seconds instead of OSAC's 60 s and 30 s; every scheduled activity carries them."""
 
 from __future__ import annotations
 
@@ -13,16 +15,21 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
+from contracts.refs import OrderRef
 from lab.fulfillment.timings import Timings
-from tests.workflows.stack import Stack, eventually, running_stack
+from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
 
 # Slow enough that a kill lands inside allocation, boot and wipe.
 SLOW_BMAAS = Timings(allocation_s=0.5, image_write_s=0.5, boot_s=1.0, wipe_s=2.0, deprovision_s=0.5)
+CALL_TIMEOUT = timedelta(seconds=10)
+WAIT_HEARTBEAT_TIMEOUT = timedelta(seconds=5)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +37,9 @@ async def stack(
     temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
     workdir = tmp_path_factory.mktemp("crash")
+    policy = fast_policy(call_timeout=CALL_TIMEOUT, wait_heartbeat_timeout=WAIT_HEARTBEAT_TIMEOUT)
     async with running_stack(
-        temporal_env.client, workdir, bmaas_timings=SLOW_BMAAS, in_process_worker=False
+        temporal_env.client, workdir, policy=policy, bmaas_timings=SLOW_BMAAS, in_process_worker=False
     ) as running:
         yield running
 
@@ -49,6 +57,8 @@ def worker_process(stack: Stack, log: Path) -> Iterator[subprocess.Popen[bytes]]
         "OSAC_TASK_QUEUE": s.task_queue,
         "OSAC_BMAAS_TASK_QUEUE": s.bmaas_task_queue,
         "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "1",
+        # A task that reaches a killed worker's sticky queue waits this long for it (see Settings).
+        "OSAC_STICKY_QUEUE_TIMEOUT_SECONDS": "5",
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -69,6 +79,27 @@ def worker_process(stack: Stack, log: Path) -> Iterator[subprocess.Popen[bytes]]
 def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
+
+
+async def _assert_the_policy_timed_every_activity(stack: Stack, order: OrderRef) -> None:
+    """Calls end by the policy's call timeout, waits by its heartbeat timeout (never OSAC's)."""
+    calls: set[str] = set()
+    waits: set[str] = set()
+    async for execution in stack.client.list_workflows(f"OsacClusterOrder = '{order.key}'"):
+        handle = stack.client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        history = await handle.fetch_history()
+        for event in history.events:
+            if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                continue
+            attrs = event.activity_task_scheduled_event_attributes
+            name = attrs.activity_type.name
+            if attrs.heartbeat_timeout.ToTimedelta():
+                assert attrs.heartbeat_timeout.ToTimedelta() == WAIT_HEARTBEAT_TIMEOUT, name
+                waits.add(name)
+            else:
+                assert attrs.start_to_close_timeout.ToTimedelta() == CALL_TIMEOUT, name
+                calls.add(name)
+    assert "create_worker_instance" in calls and "wait_instance_gone" in waits, (calls, waits)
 
 
 async def _assert_one_bmi_per_slot_and_clean_audit(stack: Stack, bmis: list[dict]) -> None:
@@ -117,6 +148,7 @@ async def test_worker_killed_mid_provisioning_and_mid_deprovisioning(stack: Stac
     allocated = {r["bmi_id"] for r in ours if r["kind"] == "HOST_ALLOCATED"}
     wiped = {r["bmi_id"] for r in audit if r["kind"] == "WIPE_FINISHED"}
     assert allocated and allocated <= wiped
+    await _assert_the_policy_timed_every_activity(stack, order)
     # Nothing secret in what the worker logged along the way (ignition URLs carry a token).
     logged = log.read_text(errors="replace")
     for secret in ("api_key=", "PULL_SECRET_TOKEN", stack.fulfillment.admin_token, stack.lab.hub.token):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from activities.assisted import AssistedActivities
 from contracts.activities import HubActivity
 from contracts.hub import AgentHandOff, WaitAndHandAgentInput
 from contracts.workflows import worker_workflow_id
-from tests.workflows.stack import Stack, eventually, running_stack, scheduled_activities
+from tests.workflows.stack import Stack, eventually, fast_policy, running_stack, scheduled_activities
 from worker.main import build_workers, open_backends
 
 NODEPOOLS = "/apis/hypershift.openshift.io/v1beta1/nodepools"
@@ -44,8 +45,11 @@ class HandsThenHolds(AssistedActivities):
 async def stack(
     temporal_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Stack]:
+    # The cancellation reaches the held wait with a heartbeat's answer, and the SDK sends a wait's
+    # heartbeats at most every 80 % of its heartbeat timeout: a short one brings it within seconds.
+    policy = fast_policy(wait_heartbeat_timeout=timedelta(seconds=3))
     async with running_stack(
-        temporal_env.client, tmp_path_factory.mktemp("handed"), in_process_worker=False
+        temporal_env.client, tmp_path_factory.mktemp("handed"), policy=policy, in_process_worker=False
     ) as running:
         async with open_backends(running.settings) as backends:
             backends.assisted = HandsThenHolds(backends.kube, backends.ignition_http)

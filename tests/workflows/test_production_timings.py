@@ -60,6 +60,9 @@ def test_policy_defaults_are_osacs() -> None:
     seconds = [policy.backoff(FailureReason.BMI_PROVISIONING_FAILED, n).total_seconds() for n in range(1, 7)]
     assert seconds == [30, 60, 120, 240, 300, 300]
     assert policy.attempt_reset_after_ready == timedelta(hours=1)
+    # A call lost with its worker is made again after a minute; a lost wait moves after 30 s.
+    assert policy.call_timeout == timedelta(seconds=60)
+    assert policy.wait_heartbeat_timeout == timedelta(seconds=30)
 
 
 async def test_no_hosts_backoff_follows_the_5_15_30_minute_table(stack: Stack) -> None:
