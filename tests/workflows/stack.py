@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError
 
 from contracts.refs import OrderRef
@@ -169,6 +169,13 @@ class Stack:
         response.raise_for_status()
         items: list[dict[str, Any]] = response.json().get("items") or []
         return items
+
+    async def histories(self, order: OrderRef) -> list[WorkflowHistory]:
+        """Every run of the order's workflows (cluster and workers) that visibility lists now."""
+        return [
+            await self.client.get_workflow_handle(e.id, run_id=e.run_id).fetch_history()
+            async for e in self.client.list_workflows(f"OsacClusterOrder = '{order.key}'")
+        ]
 
     async def audit(self) -> list[dict[str, Any]]:
         return await lab_admin.audit(self.bmaas_http)

@@ -85,9 +85,7 @@ async def _assert_the_policy_timed_every_activity(stack: Stack, order: OrderRef)
     """Calls end by the policy's call timeout, waits by its heartbeat timeout (never OSAC's)."""
     calls: set[str] = set()
     waits: set[str] = set()
-    async for execution in stack.client.list_workflows(f"OsacClusterOrder = '{order.key}'"):
-        handle = stack.client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        history = await handle.fetch_history()
+    for history in await stack.histories(order):
         for event in history.events:
             if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 continue

@@ -54,10 +54,7 @@ async def lifecycle(
             return len(found) >= 3 and all(e.close_time is not None for e in found)
 
         await eventually(all_closed, "every workflow of the order closed")
-        histories: list[WorkflowHistory] = []
-        async for execution in stack.client.list_workflows(query):
-            handle = stack.client.get_workflow_handle(execution.id, run_id=execution.run_id)
-            histories.append(await handle.fetch_history())
+        histories = await stack.histories(order)
         secrets = [
             PULL_SECRET,
             base64.b64encode(b"robot:sup3r-s3cret-pull").decode(),
