@@ -7,6 +7,7 @@ Non-secret by construction: no model here carries the pull secret, the discovery
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -179,15 +180,21 @@ NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by workflows and activities
 
-_MAC_HEX = re.compile(r"[0-9a-f]{12}")
+# The hardware addresses a server's NICs report: Ethernet's 6 bytes, and IP-over-InfiniBand's 20
+# (GPU hosts' fabrics), which BMaaS and the Agent's inventory list beside the Ethernet ones.
+_MAC_HEX = re.compile(r"(?:[0-9a-f]{12}|[0-9a-f]{40})")
+_MAC_SEPARATORS = re.compile(r"[\s:.\-]")
 
 
+@functools.lru_cache(maxsize=8192)  # every waiting worker normalises the Agents' MACs on each look
 def normalize_mac(value: str) -> str:
-    """Lowercase colon form: accepts `AA:BB:..`, `aa-bb-..`, `aabb.ccdd.eeff` and bare hex."""
-    digits = re.sub(r"[\s:.\-]", "", value.strip().lower())
+    """Lowercase colon form of a NIC's hardware address (6 or 20 bytes): accepts `AA:BB:..`,
+    `aa-bb-..`, `aabb.ccdd.eeff` and bare hex. The one rule for BMIs' NICs and Agents' interfaces
+    alike, so the two sides of a match always agree."""
+    digits = _MAC_SEPARATORS.sub("", value.strip().lower())
     if not _MAC_HEX.fullmatch(digits):
         raise ValueError(f"not a MAC address: {value!r}")
-    return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
+    return ":".join(digits[i : i + 2] for i in range(0, len(digits), 2))
 
 
 def _aware(value: datetime) -> datetime:

@@ -239,7 +239,7 @@ class BmaasActivities:
             if not isinstance(obs, BmiSnapshot):
                 return True
             if obs.state == BmiState.RUNNING:
-                return bool(obs.macs)  # MACs are filled once after allocation
+                return bool(obs.macs or obs.unusable_macs)  # MACs are filled once after allocation
             return obs.state in (BmiState.FAILED, BmiState.DELETING)
 
         every = self._tick()
@@ -259,6 +259,14 @@ class BmaasActivities:
             raise ApplicationError(
                 f"BMI {obs.name} ({obs.id}) is being deleted while waiting for it to run",
                 type=BmaasErrorType.INSTANCE_DELETING.value,
+                non_retryable=True,
+            )
+        if not obs.macs:
+            # No Agent could ever be matched to this host: fail the attempt now, not at the deadline.
+            raise ApplicationError(
+                f"BMI {obs.name} ({obs.id}) is running but none of its NICs reports a MAC address"
+                f" (reported: {', '.join(obs.unusable_macs)[:200]})",
+                type=BmaasErrorType.PROVISIONING_FAILED.value,
                 non_retryable=True,
             )
         return InstanceRunning(bmi_id=obs.id, name=obs.name, macs=list(obs.macs))
@@ -465,4 +473,3 @@ def nic_mac_filter(macs: set[str]) -> str:
     is matched too so a differently spelling server is not silently missed)."""
     spellings = sorted({m for mac in macs for m in (mac, mac.upper())})
     return f"this.status.hardware.nics.exists(n, n.mac in [{', '.join(cel_string(m) for m in spellings)}])"
-

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from contracts.bmaas import ORDER_LABEL, SYSTEM_TENANT, BmiState, WorkerInstance
+from contracts.hub import normalize_mac
 
-_HEX12 = re.compile(r"^[0-9a-f]{12}$")
 # What a failed deprovisioning names: "HostSanitizationFailed", "disk wipe failed", "cleaning failed"...
 _DELETION_WORDS = ("saniti", "wipe", "deprovision", "clean", "release", "delet")
 
 
-def normalize_mac(mac: str) -> str:
-    """Lowercase colon form (`AA-BB-..`, `aabb.ccdd.eeff` and bare hex accepted)."""
-    flat = re.sub(r"[^0-9a-fA-F]", "", mac).lower()
-    if _HEX12.match(flat):
-        return ":".join(flat[i : i + 2] for i in range(0, 12, 2))
-    return mac.strip().lower()
+def _nic_macs(addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The NICs' MACs normalised as an Agent's are (sorted, once each), and the addresses that are
+    none: the workflow matches on the first, so nothing it cannot match may be among them."""
+    macs, unusable = set(), set()
+    for address in addresses:
+        try:
+            macs.add(normalize_mac(address))
+        except ValueError:
+            unusable.add(address)
+    return tuple(sorted(macs)), tuple(sorted(unusable))
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -72,6 +75,8 @@ class BmiSnapshot:
     version: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     macs: tuple[str, ...] = ()
+    # NIC addresses that are no MAC (see normalize_mac): never matched on, named when nothing else is.
+    unusable_macs: tuple[str, ...] = ()
     conditions: tuple[Condition, ...] = ()
     instance_type: str | None = None
     created_at: datetime | None = None
@@ -85,7 +90,7 @@ class BmiSnapshot:
         status = obj.get("status") or {}
         hardware = status.get("hardware") or {}
         nics = [nic for nic in hardware.get("nics") or [] if isinstance(nic, dict) and nic.get("mac")]
-        macs = sorted({normalize_mac(str(nic["mac"])) for nic in nics})
+        macs, unusable = _nic_macs(str(nic["mac"]) for nic in nics)
         conditions = tuple(
             Condition(
                 type=str(c.get("type") or ""),
@@ -109,7 +114,8 @@ class BmiSnapshot:
             state=BmiState.parse(status.get("state")),
             version=version,
             labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
-            macs=tuple(macs),
+            macs=macs,
+            unusable_macs=unusable,
             conditions=conditions,
             instance_type=spec.get("instance_type") if isinstance(spec.get("instance_type"), str) else None,
             created_at=parse_time(metadata.get("creation_timestamp")),

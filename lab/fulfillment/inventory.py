@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from lab.fulfillment.errors import ApiError
 from lab.fulfillment.models import PortRole
 
-MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+# A NIC's hardware address as BMaaS may report it: Ethernet's 6 bytes, EUI-64's 8, or
+# IP-over-InfiniBand's 20 (GPU hosts' fabrics).
+MAC = re.compile(r"^[0-9a-f]{2}((:[0-9a-f]{2}){5}|(:[0-9a-f]{2}){7}|(:[0-9a-f]{2}){19})$")
 
 # The two ports every generated host has; the seeded instance types describe the same ports.
 MANAGEMENT_PORT = "mgmt-0"
@@ -43,7 +45,9 @@ class HostNic(BaseModel):
     def _normalise_mac(cls, value: str) -> str:
         mac = value.strip().lower().replace("-", ":")
         if not MAC.match(mac):
-            raise ValueError(f"{value!r} is not a MAC address (aa:bb:cc:dd:ee:ff)")
+            raise ValueError(
+                f"{value!r} is not a MAC address (aa:bb:cc:dd:ee:ff; 8 or 20 bytes for EUI-64 or InfiniBand)"
+            )
         return mac
 
 

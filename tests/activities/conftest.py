@@ -154,6 +154,9 @@ class LabApi:
     async def hosts(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/lab/v1/hosts"))["items"])
 
+    async def add_host(self, host: dict[str, Any]) -> dict[str, Any]:
+        return dict(await self._call("POST", "/lab/v1/hosts", host))
+
     async def get_bmi(self, bmi_id: str) -> dict[str, Any] | None:
         resp = await self.http.get(f"{PRIVATE}/baremetal_instances/{bmi_id}")
         if resp.status_code == 404:

@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from activities.assisted import agent_macs
 from activities.bmaas.client import BmaasClient, TokenFile, cel_string
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
-from activities.bmaas.snapshot import BmiSnapshot, normalize_mac
+from activities.bmaas.snapshot import BmiSnapshot
 from contracts.bmaas import BmaasErrorType, BmiState, CreateWorkerInstanceInput
 from contracts.refs import OrderRef
 
@@ -59,10 +60,21 @@ def test_transport_errors_retry() -> None:
     assert "timed out" in err.message
 
 
-def test_normalize_mac() -> None:
-    assert normalize_mac("AA-BB-CC-DD-EE-0F") == "aa:bb:cc:dd:ee:0f"
-    assert normalize_mac("aabb.ccdd.ee0f") == "aa:bb:cc:dd:ee:0f"
-    assert normalize_mac("AABBCCDDEE0F") == "aa:bb:cc:dd:ee:0f"
+def test_snapshot_macs_are_normalised_as_an_agents_are() -> None:
+    """The BMI's side of a match and the Agent's use one rule, so they agree on every spelling."""
+    ipoib = "80:00:02:08:FE:80:00:00:00:00:00:00:0C:42:A1:03:00:9B:5E:21"
+    reported = ["AA-BB-CC-DD-EE-0F", "aabb.ccdd.ee10", ipoib, "aa:bb:cc:dd:ee:0f", "n/a"]
+    snap = BmiSnapshot.from_api(
+        {"id": "b1", "status": {"state": "RUNNING", "hardware": {"nics": [{"mac": m} for m in reported]}}}
+    )
+    assert snap.macs == (
+        "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:9b:5e:21",
+        "aa:bb:cc:dd:ee:0f",
+        "aa:bb:cc:dd:ee:10",
+    )
+    assert snap.unusable_macs == ("n/a",)  # kept apart: nothing the workflow cannot match on
+    agent = {"status": {"inventory": {"interfaces": [{"macAddress": m.lower()} for m in reported]}}}
+    assert agent_macs(agent) == set(snap.macs)
 
 
 def test_snapshot_keeps_no_user_data() -> None:

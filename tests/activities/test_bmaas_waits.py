@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import pytest
+from temporalio.exceptions import ApplicationError
 
-from contracts.bmaas import BmiState, InstanceRef, WaitInstanceGoneInput, WaitProgress
+from contracts.bmaas import BmaasErrorType, BmiState, InstanceRef, WaitInstanceGoneInput, WaitProgress
+from contracts.hub import InfraEnvRef, WaitAgentInput
+from contracts.refs import OrderRef
+from lab.fulfillment.seed import host_labels
 from tests.activities.conftest import Harness, wait_for
 
 
@@ -29,6 +34,43 @@ async def test_wait_running_returns_every_mac(harness: Harness) -> None:
     assert running.name == "order1-worker-0"
     # It waited, heartbeating its state on the way.
     assert any(p.state == BmiState.PROVISIONING for p in progress(harness))
+
+
+async def test_wait_running_normalises_every_nic_as_agents_do_and_fails_a_host_with_no_mac(
+    harness: Harness,
+) -> None:
+    """An InfiniBand NIC's 20-byte address is a MAC like Ethernet's (the Agent reports it too); a host
+    whose NICs report no MAC at all cannot be matched to an Agent, so its wait fails at once."""
+    await harness.lab.timings(boot_s=0.2)
+    ipoib = "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:9b:5e:21"
+    labels = host_labels("gpu")
+    await harness.lab.add_host(
+        {"labels": labels, "nics": [{"name": "ib0", "mac": ipoib.upper(), "role": "fabric"}]}
+    )
+    eui64 = "02:42:ac:ff:fe:11:00:02"
+    await harness.lab.add_host({"labels": labels, "nics": [{"name": "p0", "mac": eui64, "role": "fabric"}]})
+    # The twin gives the first free host of the class: the seeded GPU host, then these two in turn.
+    created = [
+        await harness.run(harness.acts.create_worker_instance, harness.slot(i, instance_type="bm-gpu"))
+        for i in range(3)
+    ]
+    by_mac = {}
+    for c in created:
+        host = next(h for h in await harness.lab.hosts() if h["bmi_id"] == c.instance.id)
+        by_mac[host["nics"][0]["mac"]] = c.instance.id
+
+    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=by_mac[ipoib]))
+    assert running.macs == [ipoib]
+    order = OrderRef(namespace="tenant-ns", name="order1")
+    wait = WaitAgentInput(
+        infraenv=InfraEnvRef.for_order(order), order=order, macs=running.macs, deadline=datetime.now(UTC)
+    )
+    assert wait.macs == [ipoib]  # what the workflow builds from it next is valid
+
+    with pytest.raises(ApplicationError) as failed:
+        await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=by_mac[eui64]))
+    assert failed.value.type == BmaasErrorType.PROVISIONING_FAILED.value and failed.value.non_retryable
+    assert "none of its NICs reports a MAC address" in failed.value.message and eui64 in failed.value.message
 
 
 async def test_a_wait_that_ends_within_its_first_tick_sends_no_heartbeat(harness: Harness) -> None:

@@ -104,7 +104,23 @@ def test_mac_spellings_normalise(spelling):
     assert normalize_mac(spelling) == "0a:1b:2c:3d:4e:5f"
 
 
-@pytest.mark.parametrize("bad", ["", "0a:1b:2c:3d:4e", "zz:1b:2c:3d:4e:5f", "0a:1b:2c:3d:4e:5f:00"])
+def test_an_infiniband_address_normalises_like_an_ethernet_one():
+    ipoib = "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:9b:5e:21"
+    assert normalize_mac(ipoib.upper().replace(":", "-")) == ipoib
+    assert normalize_mac(ipoib.replace(":", "")) == ipoib
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "0a:1b:2c:3d:4e",
+        "zz:1b:2c:3d:4e:5f",
+        "0a:1b:2c:3d:4e:5f:00",
+        "02:42:ac:ff:fe:11:00:02",  # EUI-64: no server NIC an Agent reports
+        "80:00:02:08:fe:80:00:00:00:00:00:00:0c:42:a1:03:00:9b:5e",  # 19 bytes
+    ],
+)
 def test_malformed_macs_are_rejected(bad):
     with pytest.raises(ValueError):
         normalize_mac(bad)

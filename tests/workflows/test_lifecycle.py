@@ -11,6 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
+from lab.fulfillment.seed import host_labels
 from tests.workflows.stack import Stack, eventually, running_stack, scheduled_activities
 
 
@@ -151,3 +152,43 @@ async def test_an_agent_reporting_a_nic_of_no_bmi_is_checked_with_bmaas_then_bou
     await stack.decommission_and_wait(order)
     assert await stack.agents(order.namespace) == []
     assert await stack.bmis(order) == []
+
+
+async def test_a_host_with_an_infiniband_nic_is_matched_and_bound(stack: Stack) -> None:
+    """A GPU host whose fabric is InfiniBand: BMaaS and its Agent report a 20-byte IPoIB address
+    beside its Ethernet MACs. The worker matches it on all of them alike and binds it (a MAC rule
+    that took only Ethernet's 6 bytes on one side once left such a worker failing forever)."""
+    ipoib = "80:00:02:08:FE:80:00:00:00:00:00:00:0C:42:A1:03:00:9B:5E:21"
+    host = {
+        "labels": host_labels("gpu"),
+        "nics": [
+            {"name": "mgmt-0", "mac": "0c:42:a1:9b:5e:20", "role": "management"},
+            {"name": "data-0", "mac": "0c:42:a1:9b:5e:21", "role": "fabric"},
+            {"name": "ib0", "mac": ipoib, "role": "fabric"},
+        ],
+    }
+    created = (await stack.bmaas_http.post("/lab/v1/hosts", json=host)).raise_for_status().json()
+    hosts = (await stack.bmaas_http.get("/lab/v1/hosts")).json()["items"]
+    # The twin gives the first free host of the class: order them all, so this one is among them.
+    free = [h for h in hosts if h["state"] == "FREE" and h["labels"] == created["labels"]]
+    order = await stack.create_order({"bm-gpu": len(free)})
+    await stack.apply(order, {"bm-gpu": len(free)})
+    await stack.wait_ready(order, len(free))
+
+    (bmi,) = [
+        b
+        for b in await stack.bmis(order)
+        if ipoib.lower() in {n["mac"] for n in b["status"]["hardware"]["nics"]}
+    ]
+    agent = next(
+        a
+        for a in await stack.agents(order.namespace)
+        if ipoib.lower() in {i["macAddress"] for i in a["status"]["inventory"]["interfaces"]}
+    )
+    assert agent["spec"]["approved"] is True
+    status = await stack.api.status(order)
+    worker = next(w for w in status.workers if w.resource_id == bmi["id"])
+    assert worker.phase == WorkerPhase.READY
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.audit_violations() == []
