@@ -375,70 +375,34 @@ class AssistedActivities:
 
     async def _ensure_secret(self, ref: InfraEnvRef, order: KubeObject, data: str) -> tuple[bool, bool]:
         """(created, updated). Secret bodies never reach a log or an error (HubKube omits them)."""
-        namespace, name = ref.namespace, ref.pull_secret_name
-        labels = {ORDER_LABEL: ref.order.name}
-        for _ in range(MAX_ADOPT_ATTEMPTS):
-            body = {
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": labels,
-                    "ownerReferences": [owner_reference(order)],
-                },
-                "type": DOCKERCONFIG_SECRET_TYPE,
-                "data": {PULL_SECRET_KEY: data},
-            }
-            try:
-                await self._kube.create(SECRETS, namespace, body)
-                return True, False
-            except HubAlreadyExists:
-                pass
-            existing = await self._kube.get_optional(SECRETS, namespace, name)
-            if existing is None:
-                continue  # deleted in between: create again
-            self._refuse_deleting(existing, "Secret", namespace, name)
+
+        def drift(existing: KubeObject) -> dict[str, Any] | None:
             if existing.get("type") != DOCKERCONFIG_SECRET_TYPE:
-                # The type is immutable: replace the object (conditionally on its uid).
-                await self._kube.delete(SECRETS, namespace, name, uid=meta(existing).get("uid"))
-                continue
-            patch: dict[str, Any] = {}
-            if dig(existing, "data", PULL_SECRET_KEY) != data:
-                patch["data"] = {PULL_SECRET_KEY: data}
-            repaired = await self._repair(SECRETS, existing, order, labels, patch)
-            if repaired is not None:
-                return False, repaired
-        raise self._adopt_conflict("Secret", namespace, name)
+                return None  # the type is immutable: replace the object
+            return {"data": {PULL_SECRET_KEY: data}} if dig(existing, "data", PULL_SECRET_KEY) != data else {}
+
+        return await self._create_or_adopt(
+            SECRETS,
+            "Secret",
+            ref.namespace,
+            ref.pull_secret_name,
+            order,
+            ref.order.name,
+            {"type": DOCKERCONFIG_SECRET_TYPE, "data": {PULL_SECRET_KEY: data}},
+            drift,
+        )
 
     async def _ensure_infraenv(
         self, ref: InfraEnvRef, order: KubeObject, ssh_key: str | None
     ) -> tuple[bool, bool]:
-        namespace, name = ref.namespace, ref.name
-        labels = {ORDER_LABEL: ref.order.name}
         spec: dict[str, Any] = {
             "pullSecretRef": {"name": ref.pull_secret_name},
             "agentLabels": {ORDER_LABEL: ref.order.name},
         }
         if ssh_key:
             spec["sshAuthorizedKey"] = ssh_key
-        for _ in range(MAX_ADOPT_ATTEMPTS):
-            body = {
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "labels": labels,
-                    "ownerReferences": [owner_reference(order)],
-                },
-                "spec": spec,
-            }
-            try:
-                await self._kube.create(INFRA_ENVS, namespace, body)
-                return True, False
-            except HubAlreadyExists:
-                pass
-            existing = await self._kube.get_optional(INFRA_ENVS, namespace, name)
-            if existing is None:
-                continue
-            self._refuse_deleting(existing, "InfraEnv", namespace, name)
+
+        def drift(existing: KubeObject) -> dict[str, Any]:
             current = existing.get("spec") if isinstance(existing.get("spec"), dict) else {}
             assert isinstance(current, dict)
             spec_patch: dict[str, Any] = {}
@@ -452,14 +416,57 @@ class AssistedActivities:
                 spec_patch["sshAuthorizedKey"] = ssh_key
             if current.get("clusterRef"):
                 spec_patch["clusterRef"] = None  # late binding: the InfraEnv serves no one cluster
-            repaired = await self._repair(
-                INFRA_ENVS, existing, order, labels, {"spec": spec_patch} if spec_patch else {}
-            )
+            return {"spec": spec_patch} if spec_patch else {}
+
+        return await self._create_or_adopt(
+            INFRA_ENVS, "InfraEnv", ref.namespace, ref.name, order, ref.order.name, {"spec": spec}, drift
+        )
+
+    async def _create_or_adopt(
+        self,
+        resource: Resource,
+        kind: str,
+        namespace: str,
+        name: str,
+        order: KubeObject,
+        order_name: str,
+        content: dict[str, Any],
+        drift: Callable[[KubeObject], dict[str, Any] | None],
+    ) -> tuple[bool, bool]:
+        """Create the order's object with `content` (labelled with `order_name`, owned by `order`),
+        or adopt the one already there: `drift` gives the patch that brings it back to the order's
+        settings ({} if none), or None if it must be replaced. (created, updated)."""
+        labels = {ORDER_LABEL: order_name}
+        for _ in range(MAX_ADOPT_ATTEMPTS):
+            body = {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": labels,
+                    "ownerReferences": [owner_reference(order)],
+                },
+                **content,
+            }
+            try:
+                await self._kube.create(resource, namespace, body)
+                return True, False
+            except HubAlreadyExists:
+                pass
+            existing = await self._kube.get_optional(resource, namespace, name)
+            if existing is None:
+                continue  # deleted in between: create again
+            self._refuse_deleting(existing, kind, namespace, name)
+            patch = drift(existing)
+            if patch is None:
+                # Conditionally on its uid: never a newer object someone created meanwhile.
+                await self._kube.delete(resource, namespace, name, uid=meta(existing).get("uid"))
+                continue
+            repaired = await self._repair(resource, existing, order, labels, patch)
             if repaired:
-                activity.logger.info("InfraEnv %s/%s patched back to the order's settings", namespace, name)
+                activity.logger.info("%s %s/%s patched back to the order's settings", kind, namespace, name)
             if repaired is not None:
                 return False, repaired
-        raise self._adopt_conflict("InfraEnv", namespace, name)
+        raise self._adopt_conflict(kind, namespace, name)
 
     async def _repair(
         self,

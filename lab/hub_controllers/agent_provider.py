@@ -361,6 +361,7 @@ class NodePoolController(Controller):
         claimed if it is still eligible; otherwise every pending Machine would try every stale
         candidate in turn.
         """
+
         def claim(agent: Obj) -> Obj | None:
             # The cached copy is eligible; a fresh one, read after a conflict, may no longer be.
             return self._claimed_copy(node_pool, machine, agent) if _eligible(agent, selector) else None

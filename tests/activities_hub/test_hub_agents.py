@@ -170,9 +170,7 @@ async def test_wait_and_hand_refuses_two_agents_with_the_hosts_macs(api, api_ass
         assert api.get("Agent", name)["spec"]["approved"] is False
 
 
-async def test_release_leaves_the_agent_handed_to_the_releasing_worker_for_its_unbind(
-    api, api_assisted, kit
-):
+async def test_release_leaves_the_agent_handed_to_the_releasing_worker_for_its_unbind(api, api_assisted, kit):
     """A wait cancelled after its hand-off never told the workflow which Agent it handed: the
     release finds it by the slot's mark, returns it to be unbound, and deletes only stale ones."""
     api.nodepool("np", SELECTOR)
