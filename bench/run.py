@@ -671,6 +671,14 @@ def _verdict(value: float | None, limit: float) -> str:
     return "[green]met[/]" if value <= limit else "[red]missed[/]"
 
 
+def density_verdict(rss_mb_per_1000: float | None, workers: int | None) -> str:
+    """Met or missed only when measured at exactly 1,000: memory per Ready worker falls as the
+    workflow cache fills, so a line drawn from fewer overstates 1,000 (bench/README, round 2)."""
+    if rss_mb_per_1000 is not None and workers != 1000:
+        return "[dim]see full run[/]"
+    return _verdict(rss_mb_per_1000, 400)
+
+
 def print_table(results: dict[str, Any], details: dict[str, Any]) -> None:
     table = Table(title=f"OSAC workers benchmark ({details['mode']}, N={results['n']})")
     table.add_column("figure")
@@ -736,13 +744,14 @@ def print_table(results: dict[str, Any], details: dict[str, Any]) -> None:
             _verdict(figures["p99"], 1.0),
         )
     d = details.get("density", {})
+    workers = d.get("workers")
     table.add_row(
         "RSS MB per 1,000 Ready",
         _fmt(results["rss_mb_per_1000_ready"]),
-        f"measured at {d.get('workers', '-')}",
+        f"measured at {workers or '-'}" + (", scaled" if workers and workers != 1000 else ""),
         "",
         "<= 400 MB",
-        _verdict(results["rss_mb_per_1000_ready"], 400),
+        density_verdict(results["rss_mb_per_1000_ready"], workers),
     )
     table.add_row(
         "CPU s per 1,000 to Ready",

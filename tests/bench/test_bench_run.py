@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from bench.latency import EVENTS
-from bench.run import TOP_LEVEL_KEYS
+from bench.run import TOP_LEVEL_KEYS, density_verdict
 
 
 def _bench(tmp_path: Path, *options: str) -> Path:
@@ -105,3 +105,9 @@ def test_a_split_worker_is_measured_as_its_two_processes(tmp_path: Path) -> None
     assert "(role workflows)" in logs["workflows"]
     assert "(role activities)" in logs["activities"]
     assert "created BMI" in logs["activities"] and "created BMI" not in logs["workflows"]
+
+
+def test_only_an_exact_thousand_gets_a_density_verdict() -> None:
+    assert "met" in density_verdict(376.1, 1000) and "missed" in density_verdict(401.0, 1000)
+    assert density_verdict(417.6, 300) == "[dim]see full run[/]"  # scaled from 300: no verdict
+    assert density_verdict(None, None) == "[dim]n/a[/]"
