@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+MAX_LABEL = 63  # a DNS label's length, and a label value's
 
 
 class OrderRef(BaseModel):
@@ -28,6 +29,23 @@ class OrderRef(BaseModel):
 
     def nodepool_name(self, instance_type: str) -> str:
         return f"nodepool-{self.name}-{instance_type}"
+
+    def long_name_problem(self, instance_type: str, highest_worker_index: int) -> str | None:
+        """Why a name derived from this order cannot exist, or None. BMaaS names and hostnames are
+        DNS labels, the InfraEnv's name is its Agents' label value, and HyperShift puts the
+        NodePool's in labels too: each at most 63 characters."""
+        derived = (
+            ("NodePool", self.nodepool_name(instance_type)),
+            ("InfraEnv", self.infraenv_name),
+            ("workers (BMIs, hostnames)", self.worker_name(highest_worker_index)),
+        )
+        for what, name in derived:
+            if len(name) > MAX_LABEL:
+                return (
+                    f"order.name: {self.name!r} is too long for the names made from it: its {what}"
+                    f" would be named {name!r}, {len(name)} characters, over the {MAX_LABEL} of a DNS label"
+                )
+        return None
 
 
 class NetworkAttachmentRef(BaseModel):

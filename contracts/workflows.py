@@ -5,6 +5,7 @@ Everything here is non-secret: the pull secret, the ignition and tokens stay ins
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from enum import IntEnum, StrEnum
 
@@ -71,6 +72,52 @@ class ScaleDownGuard(BaseModel):
             " confirm it (CLI --confirm, the ClusterOrder annotation"
             f" {CONFIRM_SCALE_DOWN_ANNOTATION}=true, or confirm_scale_down in the library call)"
         )
+
+
+def node_set_problem(
+    node_sets: Sequence[NodeSetRequest],
+    instance_types: Iterable[str],
+    max_workers_per_order: int,
+    *,
+    current_total: int = 0,
+    confirm_scale_down: bool = False,
+    guard: ScaleDownGuard | None = None,
+    order: OrderRef | None = None,
+    next_index: int = 0,
+) -> str | None:
+    """The first broken node-set rule, as a message naming the field, or None. The one statement
+    of the rules: `ClusterWorkersWorkflow.set_node_sets` refuses with it, and the controller and the
+    CLI check it before they send a command, so an order is refused without starting a workflow.
+
+    `instance_types`: the known ones (none known: any). `current_total`: the workers the workflow
+    holds now (0 before it exists), for the guard against mass scale-downs. `order` and
+    `next_index` (the next worker slot's index): for the names the workers would be given."""
+    names = [n.name for n in node_sets]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        return f"node_sets[].name: duplicate node set {name!r}"
+    known = set(instance_types)
+    for i, node_set in enumerate(node_sets):
+        if node_set.count < 0:
+            return f"node_sets[{i}].count: must not be negative (got {node_set.count})"
+        if known and node_set.instance_type not in known:
+            return (
+                f"node_sets[{i}].instance_type: unknown instance type {node_set.instance_type!r}"
+                f" (known: {', '.join(sorted(known))})"
+            )
+    total = sum(n.count for n in node_sets)
+    if not confirm_scale_down:
+        refusal = (guard or ScaleDownGuard()).refusal(current_total, total)
+        if refusal:
+            return refusal
+    if total > max_workers_per_order:
+        return f"node_sets[].count: {total} workers exceed the maximum of {max_workers_per_order} per order"
+    if order is not None:
+        for node_set in node_sets:
+            if node_set.count > 0:
+                problem = order.long_name_problem(node_set.instance_type, next_index + total)
+                if problem:
+                    return problem
+    return None
 
 
 class OrderConditionType(StrEnum):

@@ -47,7 +47,7 @@ from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus
 from contracts.refs import OrderRef
-from contracts.workflows import NodeSetRequest, cluster_workflow_id
+from contracts.workflows import NodeSetRequest, cluster_workflow_id, node_set_problem
 from starter.api import CommandError, WorkersApi, WorkflowState
 from starter.orders import (
     FINALIZER,
@@ -59,13 +59,7 @@ from starter.orders import (
     finalizers,
     generation,
 )
-from starter.validation import (
-    InstanceTypeCatalog,
-    desired_node_sets,
-    node_set_problem,
-    order_problem,
-    same_node_sets,
-)
+from starter.validation import InstanceTypeCatalog, desired_node_sets, order_problem, same_node_sets
 
 log = logging.getLogger("osac.controller")
 
@@ -383,7 +377,9 @@ class ClusterOrderController:
         else:
             if problem is None:
                 instance_types = await self._catalog.names()
-                problem = node_set_problem(desired, instance_types, self._api.max_workers_per_order)
+                problem = node_set_problem(
+                    desired, instance_types, self._api.max_workers_per_order, order=ref
+                )
             if problem is not None:
                 await self._reject(ref, problem, obj)
                 return None

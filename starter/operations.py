@@ -20,7 +20,12 @@ from typing import Any
 from activities.hub import order_facts
 from contracts.hub import ConditionStatus, OrderFacts
 from contracts.refs import OrderRef
-from contracts.workflows import CONFIRM_SCALE_DOWN_ANNOTATION, ClusterWorkersStatus, NodeSetRequest
+from contracts.workflows import (
+    CONFIRM_SCALE_DOWN_ANNOTATION,
+    ClusterWorkersStatus,
+    NodeSetRequest,
+    node_set_problem,
+)
 from starter.api import CommandError, OrderNotFound, WorkersApi
 from starter.orders import (
     FINALIZER,
@@ -31,7 +36,7 @@ from starter.orders import (
     finalizers,
     generation,
 )
-from starter.validation import InstanceTypeCatalog, desired_node_sets, node_set_problem, order_problem
+from starter.validation import InstanceTypeCatalog, desired_node_sets, order_problem
 
 DEFAULT_SCALE_TIMEOUT = 120.0
 
@@ -116,6 +121,7 @@ class OrderOperations:
             self.api.max_workers_per_order,
             current_total=current_total,
             confirm_scale_down=confirm_scale_down,
+            order=order,
         )
         if problem is not None:
             raise CommandError(problem)

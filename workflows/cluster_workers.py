@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerSlotSpec,
         cluster_workflow_id,
         is_current,
+        node_set_problem,
         worker_workflow_id,
     )
     from workflows.activity_calls import CALL_RETRY, call_activity
@@ -126,29 +127,18 @@ class ClusterWorkersWorkflow:
     def _validate_node_sets(self, command: SetNodeSets) -> None:
         if self._decommissioning:
             raise CommandRejected("set_node_sets: the order is being decommissioned; no further changes")
-        names = [n.name for n in command.node_sets]
-        for name in sorted({n for n in names if names.count(n) > 1}):
-            raise CommandRejected(f"node_sets[].name: duplicate node set {name!r}")
-        for i, node_set in enumerate(command.node_sets):
-            if node_set.count < 0:
-                raise CommandRejected(f"node_sets[{i}].count: must not be negative (got {node_set.count})")
-            if self._instance_types and node_set.instance_type not in self._instance_types:
-                known = ", ".join(sorted(self._instance_types))
-                raise CommandRejected(
-                    f"node_sets[{i}].instance_type: unknown instance type {node_set.instance_type!r}"
-                    f" (known: {known})"
-                )
-        total = sum(n.count for n in command.node_sets)
-        if not command.confirm_scale_down:
-            current = sum(n.count for n in self._node_sets.values())
-            refusal = self._input.scale_down_guard.refusal(current, total)
-            if refusal:
-                raise CommandRejected(refusal)
-        if total > self._input.max_workers_per_order:
-            raise CommandRejected(
-                f"node_sets[].count: {total} workers exceed the maximum of"
-                f" {self._input.max_workers_per_order} per order"
-            )
+        problem = node_set_problem(
+            command.node_sets,
+            self._instance_types,
+            self._input.max_workers_per_order,
+            current_total=sum(n.count for n in self._node_sets.values()),
+            confirm_scale_down=command.confirm_scale_down,
+            guard=self._input.scale_down_guard,
+            order=self._input.order,
+            next_index=self._next_index,
+        )
+        if problem:
+            raise CommandRejected(problem)
 
     @workflow.update
     async def decommission(self) -> ClusterWorkersStatus:

@@ -124,3 +124,16 @@ def test_an_infiniband_address_normalises_like_an_ethernet_one():
 def test_malformed_macs_are_rejected(bad):
     with pytest.raises(ValueError):
         normalize_mac(bad)
+
+
+def test_an_order_name_too_long_for_its_derived_names_is_named_as_the_problem():
+    """The NodePool (`nodepool-<order>-<type>`, OSAC's convention), InfraEnv and worker names are
+    label values or DNS labels: an order whose name makes one longer than 63 characters is refused."""
+    assert OrderRef(namespace="ns", name="o" * 42).long_name_problem("bm-standard", 99) is None  # 63
+    problem = OrderRef(namespace="ns", name="o" * 43).long_name_problem("bm-standard", 0)
+    assert problem is not None and problem.startswith("order.name: 'oooo")
+    assert "its NodePool would be named 'nodepool-" in problem and "64 characters, over the 63" in problem
+    # A short instance type leaves the NodePool room; the workers' names run out first.
+    problem = OrderRef(namespace="ns", name="o" * 52).long_name_problem("a", 1000)
+    assert problem is not None and "its workers (BMIs, hostnames) would be named" in problem
+    assert OrderRef(namespace="ns", name="o" * 52).long_name_problem("a", 999) is None

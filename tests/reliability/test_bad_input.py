@@ -120,14 +120,16 @@ class Ctx:
 
     # -- orders ------------------------------------------------------------------------------
 
-    async def managed_order(self, node_requests: list[dict[str, Any]], **spec: Any) -> OrderRef:
+    async def managed_order(
+        self, node_requests: list[dict[str, Any]], *, name: str | None = None, **spec: Any
+    ) -> OrderRef:
         """A ClusterOrder in a namespace the controller watches (it acts on it like on a tenant's)."""
         namespace = next(self.controlled)
         response = await self.stack.hub_http.post(
             "/api/v1/namespaces", json={"metadata": {"name": namespace}}
         )
         response.raise_for_status()
-        ref = OrderRef(namespace=namespace, name=f"o{uuid.uuid4().hex[:8]}")
+        ref = OrderRef(namespace=namespace, name=name or f"o{uuid.uuid4().hex[:8]}")
         body = order_body(ref, node_requests)
         for key, value in spec.items():
             if value is None:
@@ -266,6 +268,21 @@ async def api_unknown_instance_type(ctx: Ctx) -> Seen:
     return Seen("accepted", order, since)
 
 
+def long_order_name() -> str:
+    """A valid order name (50 characters) too long for its NodePool's: nodepool-<order>-bm-standard."""
+    return f"o{uuid.uuid4().hex[:8]}-" + "x" * 40
+
+
+async def api_order_name_too_long(ctx: Ctx) -> Seen:
+    order = await ctx.stack.create_order({"bm-standard": 1}, name=long_order_name())
+    since = await ctx.audit_seq()
+    try:
+        await ctx.stack.apply(order, {"bm-standard": 1})
+    except Exception as err:
+        return Seen(_refusal(err), order, since)
+    return Seen("accepted", order, since)
+
+
 async def api_duplicate_node_sets(ctx: Ctx) -> Seen:
     order = await ctx.library_order()
     since = await ctx.audit_seq()
@@ -381,6 +398,14 @@ async def order_unknown_instance_type(ctx: Ctx) -> Seen:
 
 async def order_over_maximum(ctx: Ctx) -> Seen:
     return await _rejected_order(ctx, bare_metal(bm_standard=101))
+
+
+async def order_name_too_long(ctx: Ctx) -> Seen:
+    order = await ctx.managed_order(bare_metal(bm_standard=1), name=long_order_name())
+    cond = await wait_condition(ctx.stack, order, "NodeRequestsValid", "False")
+    await wait_observed(ctx.stack, ctx.ctl, order)
+    assert await ctx.stack.api.workflow_state(order) == WorkflowState.ABSENT  # nothing started
+    return Seen(f"{cond['reason']}: {cond['message']}", order)
 
 
 async def order_duplicate_node_sets(ctx: Ctx) -> Seen:
@@ -699,6 +724,15 @@ ROWS = [
         ),
     ),
     Row(
+        "api-order-name-too-long-for-its-nodepool",
+        "update rejection",
+        api_order_name_too_long,
+        (
+            "CommandError: order.name: '{name}' is too long for the names made from it: its NodePool"
+            " would be named 'nodepool-{name}-bm-standard', 71 characters, over the 63 of a DNS label",
+        ),
+    ),
+    Row(
         "api-duplicate-node-set-names",
         "update rejection",
         api_duplicate_node_sets,
@@ -751,6 +785,12 @@ ROWS = [
         "ClusterOrder condition",
         order_over_maximum,
         ("InvalidNodeRequests: node_sets[].count: 101 workers exceed the maximum of 100 per order",),
+    ),
+    Row(
+        "order-name-too-long-for-its-nodepool",
+        "ClusterOrder condition",
+        order_name_too_long,
+        ("InvalidNodeRequests: order.name: '{name}' is too long", "over the 63 of a DNS label"),
     ),
     Row(
         "order-duplicate-node-sets",

@@ -1,5 +1,5 @@
-"""Pure parts of the starter: the validator rules kept in step with the workflow's, the timing
-policy settings, the controller's work queue and update ids, the generated schemas."""
+"""Pure parts of the starter: the node-set rules as the workflow's validator applies them, the
+timing policy settings, the controller's work queue and update ids, the generated schemas."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
-from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets
+from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem
 from starter import schemas
 from starter.api import WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
 from starter.controller import WorkQueue, apply_id
-from starter.validation import node_set_problem, same_node_sets
+from starter.validation import same_node_sets
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
 TYPES = ["bm-gpu", "bm-standard"]
@@ -36,18 +37,27 @@ CASES = {
     "unknown-type": [ns("bm-standard", 1), ns("bm-nope", 1)],
     "over-the-maximum": [ns("bm-standard", 6), ns("bm-gpu", 5)],
     "exactly-the-maximum": [ns("bm-standard", 5), ns("bm-gpu", 5)],
+    # nodepool-<order>-bm-standard: 64 characters with the long order below
+    "name-too-long": [ns("bm-standard", 1)],
 }
+SHORT, LONG = OrderRef(namespace="ns", name="o1"), OrderRef(namespace="ns", name="o" * 43)
 
 
 def workflow_verdict(
-    node_sets: list[NodeSetRequest], instance_types: list[str], maximum: int, current: int, confirm: bool
+    node_sets: list[NodeSetRequest],
+    instance_types: list[str],
+    maximum: int,
+    current: int,
+    confirm: bool,
+    order: OrderRef,
 ) -> str | None:
     """What the workflow's own `set_node_sets` validator says (called on a stand-in instance)."""
     stand_in = SimpleNamespace(
         _decommissioning=False,
         _instance_types=set(instance_types),
         _node_sets={"bm-standard": ns("bm-standard", current)},
-        _input=SimpleNamespace(max_workers_per_order=maximum, scale_down_guard=ScaleDownGuard()),
+        _next_index=current,
+        _input=SimpleNamespace(max_workers_per_order=maximum, scale_down_guard=ScaleDownGuard(), order=order),
     )
     command = SetNodeSets.model_construct(node_sets=node_sets, confirm_scale_down=confirm)
     try:
@@ -66,14 +76,23 @@ def test_the_starter_rules_say_what_the_workflow_validator_says(
     case: str, instance_types: list[str], current: int, confirm: bool
 ) -> None:
     node_sets = CASES[case]
-    expected = workflow_verdict(node_sets, instance_types, 10, current, confirm)
+    order = LONG if case == "name-too-long" else SHORT
+    expected = workflow_verdict(node_sets, instance_types, 10, current, confirm, order)
     problem = node_set_problem(
-        node_sets, instance_types, 10, current_total=current, confirm_scale_down=confirm
+        node_sets,
+        instance_types,
+        10,
+        current_total=current,
+        confirm_scale_down=confirm,
+        order=order,
+        next_index=current,
     )
     assert problem == expected
     # The cases do exercise each rule (not only agree on "fine").
     guarded = current == 9 and not confirm and sum(n.count for n in node_sets) < 5
-    if case in ("valid", "exactly-the-maximum", "empty") and not guarded:
+    if case == "name-too-long" and not guarded:
+        assert expected is not None and expected.startswith("order.name:")
+    elif case in ("valid", "exactly-the-maximum", "empty") and not guarded:
         assert expected is None
     elif case == "unknown-type" and not instance_types and not guarded:
         assert expected is None

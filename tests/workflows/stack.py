@@ -106,10 +106,15 @@ class Stack:
     # ------------------------------------------------------------------------------- orders
 
     async def create_order(
-        self, node_sets: dict[str, int], *, namespace: str | None = None, release_image: str = RELEASE_IMAGE
+        self,
+        node_sets: dict[str, int],
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        release_image: str = RELEASE_IMAGE,
     ) -> OrderRef:
         namespace = namespace or f"t-{uuid.uuid4().hex[:8]}"
-        name = f"o{uuid.uuid4().hex[:8]}"
+        name = name or f"o{uuid.uuid4().hex[:8]}"
         response = await self.hub_http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
         if response.status_code != 409:
             response.raise_for_status()
