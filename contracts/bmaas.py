@@ -18,6 +18,10 @@ from contracts.worker import CarriesReport
 # Labels and annotations that mark a BMI as created for a ClusterOrder (osac-reference.md §3).
 ORDER_LABEL = "osac.openshift.io/cluster-order"
 OWNER_ANNOTATION = "osac.openshift.io/owner-reference"
+# BMaaS knows an order by its name only. Two ClusterOrders of one name in two namespaces would share
+# it, so a BMI also names its order's namespace, and no order takes another's BMI (older BMIs
+# without the label are taken as their order's).
+ORDER_NAMESPACE_LABEL = "osac.openshift.io/cluster-order-namespace"
 SYSTEM_TENANT = "system"
 CAAS_CATALOG_ITEM = "caas-system-bmi"
 

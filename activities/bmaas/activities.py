@@ -26,6 +26,7 @@ from activities.reporting import delivers_reports
 from contracts.bmaas import (
     CAAS_CATALOG_ITEM,
     ORDER_LABEL,
+    ORDER_NAMESPACE_LABEL,
     OWNER_ANNOTATION,
     SYSTEM_TENANT,
     BmaasErrorType,
@@ -46,6 +47,7 @@ from contracts.bmaas import (
     WaitProgress,
     WorkerInstance,
 )
+from contracts.refs import OrderRef
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ class BmaasActivities:
     async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
         """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created.
         Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound)."""
-        existing = await self._find_slot(req.order.name, req.bmi_name)
+        existing = await self._find_slot(req.order, req.bmi_name)
         if existing is not None:
             return self._adopt(existing)
         if req.disk_image_id is None:
@@ -149,7 +151,7 @@ class BmaasActivities:
             if not err.is_already_exists:
                 raise
             # A concurrent or earlier create won the name: adopt what is there.
-            existing = await self._find_slot(req.order.name, req.bmi_name)
+            existing = await self._find_slot(req.order, req.bmi_name)
             if existing is None:
                 raise BmaasApiError(
                     f"BMI {req.bmi_name} already exists but is not listed for order {req.order.name}",
@@ -188,17 +190,26 @@ class BmaasActivities:
             "metadata": {
                 "name": req.bmi_name,
                 "tenant": SYSTEM_TENANT,
-                "labels": {ORDER_LABEL: order},
+                "labels": {ORDER_LABEL: order, ORDER_NAMESPACE_LABEL: req.order.namespace},
                 "annotations": {OWNER_ANNOTATION: f"ClusterOrder/{order}"},
             },
             "spec": spec,
         }
 
-    async def _find_slot(self, order_name: str, bmi_name: str) -> BmiSnapshot | None:
-        cel = f"{order_filter(order_name)} && this.metadata.name == {cel_string(bmi_name)}"
-        found = [BmiSnapshot.from_api(item) for item in await self.client.list_instances(cel)]
+    async def _find_slot(self, order: OrderRef, bmi_name: str) -> BmiSnapshot | None:
+        """The slot's BMI, if one exists. One of a same-named order in another namespace is never
+        taken: a non-retryable AlreadyExists that names it, before anything is allocated."""
+        cel = f"{order_filter(order.name)} && this.metadata.name == {cel_string(bmi_name)}"
+        named = [BmiSnapshot.from_api(item) for item in await self.client.list_instances(cel)]
         # The filter is the server's; check again here so a lax filter can never adopt a stranger.
-        found = [s for s in found if s.name == bmi_name and s.order_name == order_name and s.is_caas_worker]
+        named = [s for s in named if s.name == bmi_name and s.is_caas_worker and s.order_name == order.name]
+        found = [s for s in named if s.belongs_to(order)]
+        if not found and named:
+            raise BmaasApiError(
+                f"BMI {bmi_name} belongs to ClusterOrder {named[0].order_key}, not {order.key}: ClusterOrder"
+                " names are OSAC order ids and must be unique across namespaces",
+                BmaasErrorType.ALREADY_EXISTS,
+            )
         if not found:
             return None
         live = [s for s in found if s.state != BmiState.DELETING]
@@ -402,9 +413,7 @@ class BmaasActivities:
         """Every BMI of an order (any state, DELETING included), sorted by name."""
         items = await self.client.list_instances(order_filter(req.order.name))
         snapshots = [BmiSnapshot.from_api(item) for item in items]
-        instances: list[WorkerInstance] = [
-            s.worker_instance() for s in snapshots if s.order_name == req.order.name and s.is_caas_worker
-        ]
+        instances: list[WorkerInstance] = [s.worker_instance() for s in snapshots if s.belongs_to(req.order)]
         return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
 
     @activity.defn

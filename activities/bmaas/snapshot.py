@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from contracts.bmaas import ORDER_LABEL, SYSTEM_TENANT, BmiState, WorkerInstance
+from contracts.bmaas import ORDER_LABEL, ORDER_NAMESPACE_LABEL, SYSTEM_TENANT, BmiState, WorkerInstance
 from contracts.hub import normalize_mac
+from contracts.refs import OrderRef
 
 # What a failed deprovisioning names: "HostSanitizationFailed", "disk wipe failed", "cleaning failed"...
 _DELETION_WORDS = ("saniti", "wipe", "deprovision", "clean", "release", "delet")
@@ -130,6 +131,20 @@ class BmiSnapshot:
     def is_caas_worker(self) -> bool:
         """Inside the watcher's scope: a system-tenant BMI labelled for a cluster order."""
         return self.tenant == SYSTEM_TENANT and ORDER_LABEL in self.labels
+
+    @property
+    def order_key(self) -> str:
+        """`<namespace>/<name>` of its order (`?/<name>` for a BMI from before the namespace label)."""
+        return f"{self.labels.get(ORDER_NAMESPACE_LABEL, '?')}/{self.order_name}"
+
+    def belongs_to(self, order: OrderRef) -> bool:
+        """A CaaS BMI of this order: its name label, and its namespace label unless it predates it."""
+        namespace = self.labels.get(ORDER_NAMESPACE_LABEL)
+        return (
+            self.is_caas_worker
+            and self.order_name == order.name
+            and (namespace is None or namespace == order.namespace)
+        )
 
     def failure_condition(self) -> Condition | None:
         """The condition that best explains a FAILED instance."""

@@ -9,6 +9,7 @@ from temporalio.exceptions import ApplicationError
 
 from contracts.bmaas import (
     ORDER_LABEL,
+    ORDER_NAMESPACE_LABEL,
     OWNER_ANNOTATION,
     BmaasErrorType,
     BmiState,
@@ -34,7 +35,7 @@ async def test_create_builds_the_osac_bmi(harness: Harness) -> None:
     assert bmi is not None
     meta, spec = bmi["metadata"], bmi["spec"]
     assert meta["tenant"] == "system"
-    assert meta["labels"] == {ORDER_LABEL: "order1"}
+    assert meta["labels"] == {ORDER_LABEL: "order1", ORDER_NAMESPACE_LABEL: "tenant-ns"}
     assert meta["annotations"] == {OWNER_ANNOTATION: "ClusterOrder/order1"}
     assert spec["instance_type"] == "bm-standard"
     assert spec["image"] == {"source_type": "disk_image", "source_ref": harness.disk_image_id}
@@ -100,6 +101,31 @@ async def test_adopts_on_already_exists(harness: Harness) -> None:
     result = await harness.run(harness.acts.create_worker_instance, harness.slot(5))
     assert not result.created
     assert result.instance.id == racer_id[0]
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["there-before", "wins-the-race"])
+async def test_a_bmi_of_a_same_named_order_in_another_namespace_is_never_adopted(
+    harness: Harness, race: bool
+) -> None:
+    """BMaaS knows orders by name: another namespace's order1 holds the slot's BMI name. Whether
+    it was there before or wins the name meanwhile, the create refuses for good and names it."""
+    labels = {ORDER_LABEL: "order1", ORDER_NAMESPACE_LABEL: "other-ns"}
+
+    async def other() -> None:
+        resp = await harness.lab.post("/baremetal_instances", bmi_body("order1-worker-5", labels=labels))
+        assert resp.status_code == 200, resp.text
+
+    if race:
+        harness.ignition.hook = other
+    else:
+        await other()
+    with pytest.raises(ApplicationError) as refused:
+        await harness.run(harness.acts.create_worker_instance, harness.slot(5))
+    assert refused.value.type == BmaasErrorType.ALREADY_EXISTS.value and refused.value.non_retryable
+    assert "belongs to ClusterOrder other-ns/order1, not tenant-ns/order1" in refused.value.message
+    (bmi,) = [h for h in await harness.lab.hosts() if h["bmi_id"]]  # only the other order's
+    untouched = await harness.lab.get_bmi(bmi["bmi_id"])
+    assert untouched is not None and untouched["metadata"]["labels"] == labels
 
 
 async def test_deleting_bmi_of_the_slot_is_not_adopted(harness: Harness) -> None:

@@ -13,7 +13,13 @@ from activities.assisted import agent_macs
 from activities.bmaas.client import BmaasClient, TokenFile, cel_string
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
 from activities.bmaas.snapshot import BmiSnapshot
-from contracts.bmaas import BmaasErrorType, BmiState, CreateWorkerInstanceInput
+from contracts.bmaas import (
+    ORDER_LABEL,
+    ORDER_NAMESPACE_LABEL,
+    BmaasErrorType,
+    BmiState,
+    CreateWorkerInstanceInput,
+)
 from contracts.refs import OrderRef
 
 
@@ -159,3 +165,15 @@ async def test_a_burst_of_calls_is_sent_a_few_at_a_time_and_all_answered(tmp_pat
         answers = await asyncio.gather(*(client.get_instance(f"bmi-{i}") for i in range(60)))
     assert [a["id"] for a in answers] == [f"bmi-{i}" for i in range(60)]
     assert peak == 4
+
+
+def test_a_bmi_belongs_to_the_order_of_its_name_and_namespace() -> None:
+    def bmi(**labels: str) -> BmiSnapshot:
+        return BmiSnapshot.from_api({"id": "b1", "metadata": {"tenant": "system", "labels": labels}})
+
+    order = OrderRef(namespace="tenant-a", name="o1")
+    assert bmi(**{ORDER_LABEL: "o1", ORDER_NAMESPACE_LABEL: "tenant-a"}).belongs_to(order)
+    assert bmi(**{ORDER_LABEL: "o1"}).belongs_to(order)  # created before the namespace label
+    elsewhere = bmi(**{ORDER_LABEL: "o1", ORDER_NAMESPACE_LABEL: "tenant-b"})
+    assert not elsewhere.belongs_to(order) and elsewhere.order_key == "tenant-b/o1"
+    assert not bmi(**{ORDER_LABEL: "o2", ORDER_NAMESPACE_LABEL: "tenant-a"}).belongs_to(order)

@@ -9,7 +9,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
+from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import host_labels
 from tests.workflows.stack import Stack, eventually, running_stack, scheduled_activities
@@ -192,3 +192,45 @@ async def test_a_host_with_an_infiniband_nic_is_matched_and_bound(stack: Stack) 
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
+
+
+async def test_an_order_of_the_same_name_in_another_namespace_never_touches_the_first_ones_host(
+    stack: Stack,
+) -> None:
+    """BMaaS knows an order by its name (OSAC's order id), so two ClusterOrders of one name in two
+    namespaces would give their workers the same BMI names. The second must never adopt, and never
+    release, the first one's host: its workers fail, saying why, and the first stays Ready."""
+    first = await stack.create_order({"bm-standard": 1})
+    await stack.apply(first, {"bm-standard": 1})
+    await stack.wait_ready(first, 1)
+    (bmi,) = await stack.bmis(first)
+
+    second = await stack.create_order({"bm-standard": 1}, name=first.name)
+    assert second.namespace != first.namespace
+    await stack.apply(second, {"bm-standard": 1})
+
+    async def second_failed() -> list[str] | None:
+        """The activity failures an operator reads in the worker's history (the tenant sees a
+        generic reason)."""
+        workers = (await stack.api.status(second)).workers
+        if not any(w.last_failure_reason == FailureReason.BMI_PROVISIONING_FAILED for w in workers):
+            return None
+        handle = stack.client.get_workflow_handle(worker_workflow_id(second, second.worker_name(0)))
+        return [
+            e.activity_task_failed_event_attributes.failure.message
+            for e in (await handle.fetch_history()).events
+            if e.HasField("activity_task_failed_event_attributes")
+        ]
+
+    failures = await eventually(second_failed, "the second order's worker to fail", timeout=90)
+    assert any(f"belongs to ClusterOrder {first.key}, not {second.key}" in m for m in failures), failures
+    assert [b["id"] for b in await stack.bmis(first)] == [bmi["id"]]
+    assert [w.phase for w in (await stack.api.status(first)).workers] == [WorkerPhase.READY]
+    wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] in ("WIPE_STARTED", "WIPE_FINISHED")}
+    assert bmi["id"] not in wiped
+
+    # Its release looks for a BMI an interrupted create may have left: never the first one's.
+    await stack.decommission_and_wait(second)
+    assert [b["id"] for b in await stack.bmis(first)] == [bmi["id"]]
+    await stack.decommission_and_wait(first)
+    assert await stack.bmis(first) == []
