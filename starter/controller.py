@@ -376,6 +376,8 @@ class ClusterOrderController:
             observed = status.node_sets
         else:
             if problem is None:
+                problem = self._name_taken(ref, obj)
+            if problem is None:
                 instance_types = await self._catalog.names()
                 problem = node_set_problem(
                     desired, instance_types, self._api.max_workers_per_order, order=ref
@@ -426,6 +428,32 @@ class ClusterOrderController:
         )
         if obj is None or condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED) is not None:
             await self._orders.clear_condition(ref, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
+
+    def _name_taken(self, ref: OrderRef, obj: KubeObject) -> str | None:
+        """Why a new order may not start: an older ClusterOrder of its name in another namespace.
+        BMaaS knows an order by its name (OSAC's order id), so the two would claim the same BMIs;
+        the BMaaS activities refuse another namespace's BMI too, this says so before anything starts."""
+
+        def age(o: KubeObject) -> tuple[str, str]:
+            return (str(meta(o).get("creationTimestamp") or ""), str(meta(o).get("namespace")))
+
+        older = sorted(
+            (
+                o
+                for o in self._kube.informer(CLUSTER_ORDERS).items()
+                if meta(o).get("name") == ref.name
+                and meta(o).get("namespace") != ref.namespace
+                and not meta(o).get("deletionTimestamp")
+                and age(o) < age(obj)
+            ),
+            key=age,
+        )
+        if not older:
+            return None
+        return (
+            f"metadata.name: ClusterOrder {meta(older[0]).get('namespace')}/{ref.name} already has this"
+            " name; ClusterOrder names are OSAC order ids and must be unique across namespaces"
+        )
 
     async def _reject(self, ref: OrderRef, problem: str, obj: KubeObject | None = None) -> None:
         self.stats.rejections += 1

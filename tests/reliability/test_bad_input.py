@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -408,6 +409,21 @@ async def order_name_too_long(ctx: Ctx) -> Seen:
     return Seen(f"{cond['reason']}: {cond['message']}", order)
 
 
+async def order_name_taken_in_another_namespace(ctx: Ctx) -> Seen:
+    first = await ctx.managed_order(bare_metal(bm_standard=0))
+    created = (await get_order(ctx.stack, first) or {})["metadata"]["creationTimestamp"]
+
+    async def a_second_later() -> bool:  # creation times have whole seconds: the first is older
+        return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") > created
+
+    await eventually(a_second_later, "the hub's clock to pass the first order's creation")
+    second = await ctx.managed_order(bare_metal(bm_standard=1), name=first.name)
+    cond = await wait_condition(ctx.stack, second, "NodeRequestsValid", "False")
+    await wait_observed(ctx.stack, ctx.ctl, second)
+    assert await ctx.stack.api.workflow_state(second) == WorkflowState.ABSENT  # nothing started
+    return Seen(f"{cond['reason']}: {cond['message']}", second)
+
+
 async def order_duplicate_node_sets(ctx: Ctx) -> Seen:
     return await _rejected_order(ctx, bare_metal(bm_standard=1) + bare_metal(bm_standard=2))
 
@@ -791,6 +807,16 @@ ROWS = [
         "ClusterOrder condition",
         order_name_too_long,
         ("InvalidNodeRequests: order.name: '{name}' is too long", "over the 63 of a DNS label"),
+    ),
+    Row(
+        "order-name-taken-in-another-namespace",
+        "ClusterOrder condition",
+        order_name_taken_in_another_namespace,
+        (
+            "InvalidNodeRequests: metadata.name: ClusterOrder",
+            "/{name} already has this name; ClusterOrder names are OSAC order ids and must be unique"
+            " across namespaces",
+        ),
     ),
     Row(
         "order-duplicate-node-sets",
