@@ -91,7 +91,7 @@ def node_set_problem(
 
     `instance_types`: the known ones (none known: any). `current_total`: the workers the workflow
     holds now (0 before it exists), for the guard against mass scale-downs. `order` and
-    `next_index` (the next worker slot's index): for the names the workers would be given."""
+    `next_index` (the next worker slot's index): for the names new workers would be given."""
     names = [n.name for n in node_sets]
     for name in sorted({n for n in names if names.count(n) > 1}):
         return f"node_sets[].name: duplicate node set {name!r}"
@@ -111,7 +111,7 @@ def node_set_problem(
             return refusal
     if total > max_workers_per_order:
         return f"node_sets[].count: {total} workers exceed the maximum of {max_workers_per_order} per order"
-    if order is not None:
+    if order is not None and total > current_total:  # only new workers need new names
         for node_set in node_sets:
             if node_set.count > 0:
                 problem = order.long_name_problem(node_set.instance_type, next_index + total)
