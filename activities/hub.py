@@ -16,6 +16,7 @@ import re
 import socket
 import time
 import weakref
+from collections import Counter
 from typing import Any
 
 from temporalio import activity
@@ -51,6 +52,8 @@ from contracts.hub import (
     REMOVING_LABEL,
     AgentRef,
     BareMetalNodeRequest,
+    ClusterRelease,
+    ClusterReleaseInput,
     Condition,
     EventInput,
     EventReason,
@@ -248,6 +251,22 @@ def cluster_reference_of(obj: KubeObject) -> ClusterReference | None:
     if not namespace or not name:
         return None
     return ClusterReference(namespace=str(namespace), hosted_cluster_name=str(name))
+
+
+def cluster_release(nodepools: list[KubeObject], cluster: ClusterReference) -> ClusterRelease:
+    """The release most of the hosted cluster's NodePools name (ties: the greater image reference,
+    so every reader picks the same one)."""
+    releases: dict[str, str] = {}
+    for pool in nodepools:
+        image = dig(pool, "spec", "release", "image")
+        ours = dig(pool, "spec", "clusterName") == cluster.hosted_cluster_name
+        if ours and isinstance(image, str) and image:
+            releases[str(meta(pool).get("name"))] = image
+    if not releases:
+        return ClusterRelease()
+    counts = Counter(releases.values())
+    chosen = max(counts, key=lambda image: (counts[image], image))
+    return ClusterRelease(release_image=chosen, nodepools=releases)
 
 
 def merge_conditions(
@@ -499,6 +518,7 @@ class HubActivities:
         return [
             self.read_order,
             self.wait_cluster_reference,
+            self.read_cluster_release,
             self.sync_nodepool_replicas,
             self.annotate_machine_for_deletion,
             self.publish_order_status,
@@ -552,6 +572,13 @@ class HubActivities:
                 namespace=order.namespace,
                 name=order.name,
             ) from None
+
+    @activity.defn(name=HubActivity.READ_CLUSTER_RELEASE.value)
+    async def read_cluster_release(self, input: ClusterReleaseInput) -> ClusterRelease:
+        """For an order that names no `releaseImage`: the release its hosted cluster's NodePools run
+        (the template's default, which the cluster-provisioning flow wrote there)."""
+        pools = await self._kube.list(NODE_POOLS, input.cluster.namespace)
+        return cluster_release(pools.items, input.cluster)
 
     @activity.defn(name=HubActivity.SYNC_NODEPOOL_REPLICAS.value)
     async def sync_nodepool_replicas(self, nodepool: NodePoolRef) -> ReplicaSync:

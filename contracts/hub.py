@@ -287,6 +287,24 @@ class OrderFacts(BaseModel):
         return self.management_state == ManagementState.UNMANAGED
 
 
+class ClusterReleaseInput(BaseModel):
+    """Which hosted cluster's release to read, for an order that names no `releaseImage`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    cluster: ClusterReference
+
+
+class ClusterRelease(BaseModel):
+    """The release the hosted cluster's NodePools run (an order without `releaseImage` gets its
+    template's default, which only the NodePools show): the one most of them name, None if none does."""
+
+    release_image: str | None = None
+    # Every NodePool of the cluster that names a release: its name -> `spec.release.image`.
+    nodepools: dict[str, str] = Field(default_factory=dict)
+
+
 class WaitClusterReferenceInput(BaseModel):
     model_config = ConfigDict(frozen=True)
 

@@ -243,6 +243,8 @@ class ClusterWorkersCarried(BaseModel):
     facts: OrderFacts | None = None
     cluster: ClusterReference | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    # The hosted cluster's release, read when the order names no `releaseImage`.
+    cluster_release: str | None = None
 
 
 class ClusterWorkersStatus(BaseModel):

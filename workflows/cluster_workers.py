@@ -21,6 +21,8 @@ with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
     from contracts.bmaas import BootImage, ResolveBootImageInput
     from contracts.hub import (
+        ClusterRelease,
+        ClusterReleaseInput,
         Condition,
         ConditionStatus,
         EnsureInfraEnvResult,
@@ -61,6 +63,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.worker_node import WorkerNodeWorkflow
 
 T = TypeVar("T")
+
+
+# RHCOSImageNotFound's reason while the release to find the image of is not known yet.
+RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
 
 
 class CommandRejected(ValueError):
@@ -111,6 +117,7 @@ class ClusterWorkersWorkflow:
         self._published_generation = 0
         self._finished = False
         self._cluster: ClusterReference | None = carried.cluster
+        self._cluster_release = carried.cluster_release
         self._facts: OrderFacts | None = carried.facts
         for condition in carried.conditions:
             self._conditions[OrderConditionType(condition.type)] = condition
@@ -262,12 +269,23 @@ class ClusterWorkersWorkflow:
         if self._cluster is None:
             return
         while not self._decommissioning:
+            release = await self._workers_release()
+            if release is None:
+                self._set_condition(
+                    OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
+                    ConditionStatus.TRUE,
+                    RELEASE_IMAGE_UNKNOWN,
+                    "spec.releaseImage is not set and no NodePool of the hosted cluster names a release;"
+                    " no workers are created until one does.",
+                )
+                await self._recheck_later()
+                continue
             try:
                 await self._bmaas(
                     BmaasActivity.RESOLVE_BOOT_IMAGE,
-                    ResolveBootImageInput(release_image=self._release_image()),
+                    ResolveBootImageInput(release_image=release),
                     BootImage,
-                    summary=f"Resolve the boot image of {self._release_image()}",
+                    summary=f"Resolve the boot image of {release}",
                 )
                 self._set_condition(
                     OrderConditionType.RHCOS_IMAGE_NOT_FOUND, ConditionStatus.FALSE, "BootImageFound"
@@ -320,6 +338,22 @@ class ClusterWorkersWorkflow:
         )
         self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
         self._events.append(self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {infraenv.name} is ready"))
+
+    async def _workers_release(self) -> str | None:
+        """The release the workers boot: the order's `releaseImage`, or, when it names none (its
+        template's default applies), the release of the hosted cluster's NodePools, read until found."""
+        assert self._facts is not None and self._cluster is not None
+        if self._facts.release_image:
+            return self._facts.release_image
+        if self._cluster_release is None:
+            found = await self._hub(
+                HubActivity.READ_CLUSTER_RELEASE,
+                ClusterReleaseInput(order=self._input.order, cluster=self._cluster),
+                ClusterRelease,
+                summary="Read the release of the hosted cluster's NodePools (the order names none)",
+            )
+            self._cluster_release = found.release_image
+        return self._cluster_release
 
     async def _recheck_later(self) -> None:
         """Sit out a missing prerequisite until a command arrives or the recheck interval passes."""
@@ -568,6 +602,7 @@ class ClusterWorkersWorkflow:
             ignored_scale_downs=self._ignored_scale_downs[-20:],
             facts=self._facts,
             cluster=self._cluster,
+            cluster_release=self._cluster_release,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(
@@ -583,11 +618,10 @@ class ClusterWorkersWorkflow:
     # ------------------------------------------------------------------------------- helpers
 
     def _release_image(self) -> str:
-        if self._facts is None or not self._facts.release_image:
-            raise ApplicationError(
-                "spec.releaseImage: the ClusterOrder names no release image", non_retryable=True
-            )
-        return self._facts.release_image
+        """Known once `_prepare` resolved the boot image, before any worker can start."""
+        release = (self._facts.release_image if self._facts else None) or self._cluster_release
+        assert release is not None, "no release before the first worker"
+        return release
 
     def _ordered_slots(self) -> list[SlotRecord]:
         return sorted(self._slots.values(), key=lambda s: s.spec.index)

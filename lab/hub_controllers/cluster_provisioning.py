@@ -9,7 +9,8 @@ deleted), `timings.cluster_provisioning_s` after its creation:
 2. one NodePool per `spec.nodeRequests[]` entry with `bareMetal`, named
    `nodepool-<order>-<instanceType>` (lowercased, other characters -> `-`), `replicas: 0`,
    `spec.clusterName = <order name>` (the hosted cluster is named after the order),
-   `spec.release.image` = the order's `releaseImage` (or a default 4.17 release),
+   `spec.release.image` = the order's `releaseImage`, or the template's default: the release the
+   fulfillment twin seeds a ClusterVersion for, as a real template would name a supported one,
    `spec.platform.type: Agent` and `agentLabelSelector.matchLabels =
    {osac.openshift.io/clusterorder: <order>, osac.openshift.io/resource_class: <instanceType>}`;
 3. `status.clusterReference {namespace, hostedClusterName, roleBindingName, serviceAccountName}`
@@ -29,6 +30,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from lab.fulfillment.seed import RELEASE_IMAGE
 from lab.hub_controllers.constants import UNMANAGED, Annotation, EventType, Label
 from lab.hub_controllers.events import EventRecorder
 from lab.hub_controllers.informer import Informer
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 
 _INVALID = re.compile(r"[^a-z0-9-]+")
 # NodePools require a release; an order without `releaseImage` gets the template's default.
-DEFAULT_RELEASE_IMAGE = "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"
+DEFAULT_RELEASE_IMAGE = RELEASE_IMAGE
 
 
 def _dns_label(text: str, limit: int = 63) -> str:

@@ -10,7 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.hub import cluster_release
 from contracts.hub import (
+    ClusterReleaseInput,
     Condition,
     ConditionStatus,
     EventInput,
@@ -114,6 +116,55 @@ async def test_wait_cluster_reference(api, api_hub_acts, kit):
             api_hub_acts.wait_cluster_reference, WaitClusterReferenceInput(order=ref(api, "absent"))
         )
     assert missing.value.type == HubErrorType.ORDER_NOT_FOUND
+
+
+def pool(api, name: str, cluster: str, release: str) -> None:
+    api.create(
+        "NodePool",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "clusterName": cluster,
+                "replicas": 0,
+                "release": {"image": release},
+                "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": {"a": name}}}},
+            },
+        },
+    )
+
+
+async def test_read_cluster_release_takes_the_release_most_of_the_clusters_nodepools_run(
+    api, api_hub_acts, kit
+):
+    cluster = ClusterReference(namespace=api.ns, hosted_cluster_name="order-1")
+    read = ClusterReleaseInput(order=ref(api), cluster=cluster)
+    assert (await kit.run()(api_hub_acts.read_cluster_release, read)).release_image is None  # none yet
+
+    old, new = "quay.io/ocp-release:4.17.3-x86_64", "quay.io/ocp-release:4.18.0-x86_64"
+    pool(api, "nodepool-order-1-a", "order-1", new)
+    pool(api, "nodepool-order-1-b", "order-1", new)
+    pool(api, "nodepool-order-1-c", "order-1", old)  # being upgraded, say
+    pool(api, "nodepool-other-a", "other", old)
+    pool(api, "nodepool-other-b", "other", old)  # another hosted cluster's: not counted
+    found = await kit.run()(api_hub_acts.read_cluster_release, read)
+    assert found.release_image == new
+    assert found.nodepools == {
+        "nodepool-order-1-a": new,
+        "nodepool-order-1-b": new,
+        "nodepool-order-1-c": old,
+    }
+
+
+def test_a_tie_between_releases_is_broken_the_same_way_for_every_reader() -> None:
+    cluster = ClusterReference(namespace="ns", hosted_cluster_name="c")
+    pools = [
+        {"metadata": {"name": name}, "spec": {"clusterName": "c", "release": {"image": image}}}
+        for name, image in (("p1", "r:a"), ("p2", "r:b"))
+    ]
+    assert cluster_release(pools, cluster).release_image == "r:b"
+    assert cluster_release(list(reversed(pools)), cluster).release_image == "r:b"
+    no_release = {"metadata": {"name": "p"}, "spec": {"clusterName": "c"}}
+    assert cluster_release([no_release], cluster).release_image is None
 
 
 def workers() -> list[WorkerStatus]:

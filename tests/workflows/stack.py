@@ -111,20 +111,22 @@ class Stack:
         *,
         namespace: str | None = None,
         name: str | None = None,
-        release_image: str = RELEASE_IMAGE,
+        release_image: str | None = RELEASE_IMAGE,
+        annotations: dict[str, str] | None = None,
     ) -> OrderRef:
+        """`release_image=None`: the order names none (its template's default applies)."""
         namespace = namespace or f"t-{uuid.uuid4().hex[:8]}"
         name = name or f"o{uuid.uuid4().hex[:8]}"
         response = await self.hub_http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
         if response.status_code != 409:
             response.raise_for_status()
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "osac.openshift.io/v1alpha1",
             "kind": "ClusterOrder",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
             "spec": {
                 "templateID": "ocp_4_18_small",
-                "releaseImage": release_image,
+                **({"releaseImage": release_image} if release_image else {}),
                 "pullSecret": PULL_SECRET,
                 "sshPublicKey": SSH_KEY,
                 "nodeRequests": [

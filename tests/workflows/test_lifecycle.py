@@ -11,8 +11,8 @@ from temporalio.testing import WorkflowEnvironment
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
-from lab.fulfillment.seed import host_labels
-from tests.workflows.stack import Stack, eventually, running_stack, scheduled_activities
+from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
+from tests.workflows.stack import CLUSTER_ORDERS, Stack, eventually, running_stack, scheduled_activities
 
 
 @pytest.fixture(scope="module")
@@ -234,3 +234,87 @@ async def test_an_order_of_the_same_name_in_another_namespace_never_touches_the_
     assert [b["id"] for b in await stack.bmis(first)] == [bmi["id"]]
     await stack.decommission_and_wait(first)
     assert await stack.bmis(first) == []
+
+
+def boot_images(bmis: list[dict]) -> set[str]:
+    return {b["spec"]["image"]["source_ref"] for b in bmis}
+
+
+async def test_an_order_that_names_no_release_boots_its_hosted_clusters_release(stack: Stack) -> None:
+    """`spec.releaseImage` is optional: the template's default release applies, and the hosted
+    cluster's NodePools are where it shows. The workers boot that release's RHCOS image."""
+    order = await stack.create_order({"bm-standard": 2}, release_image=None)
+    await stack.apply(order, {"bm-standard": 2})
+    await stack.wait_ready(order, 2)
+    assert boot_images(await stack.bmis(order)) == {seeded_id("disk_image", DISK_IMAGE_NAME)}
+    (cluster_history,) = [
+        h for h in await stack.histories(order) if h.workflow_id == cluster_workflow_id(order)
+    ]
+    assert scheduled_activities(cluster_history.events).count(HubActivity.READ_CLUSTER_RELEASE) == 1
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+
+
+async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(stack: Stack) -> None:
+    """An order without `releaseImage` whose hosted cluster has no NodePool yet: nothing is
+    allocated and the order says why, until a NodePool names the release."""
+    order = await stack.create_order(
+        {"bm-standard": 1},
+        release_image=None,
+        # The lab's cluster provisioning leaves it alone: this test makes the cluster by hand.
+        annotations={"osac.openshift.io/management-state": "unmanaged"},
+    )
+    reference = {
+        "namespace": order.namespace,
+        "hostedClusterName": order.name,
+        "roleBindingName": f"{order.name}-admin",
+        "serviceAccountName": f"{order.name}-admin",
+    }
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}/status",
+        json={"status": {"clusterReference": reference}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def waiting() -> dict | None:
+        conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
+        found = [c for c in conditions if c["type"] == "RHCOSImageNotFound" and c["status"] == "True"]
+        return found[0] if found else None
+
+    condition = await eventually(waiting, "RHCOSImageNotFound on the order")
+    assert condition["reason"] == "ReleaseImageUnknown"
+    assert "spec.releaseImage is not set" in condition["message"]
+    assert (await stack.api.status(order)).workers == []
+    assert await stack.bmis(order) == []
+
+    response = await stack.hub_http.post(
+        f"/apis/hypershift.openshift.io/v1beta1/namespaces/{order.namespace}/nodepools",
+        json={
+            "apiVersion": "hypershift.openshift.io/v1beta1",
+            "kind": "NodePool",
+            "metadata": {"name": order.nodepool_name("bm-standard")},
+            "spec": {
+                "clusterName": order.name,
+                "replicas": 0,
+                "release": {"image": RELEASE_IMAGE},
+                "platform": {
+                    "type": "Agent",
+                    "agent": {
+                        "agentLabelSelector": {
+                            "matchLabels": {
+                                "osac.openshift.io/clusterorder": order.name,
+                                "osac.openshift.io/resource_class": "bm-standard",
+                            }
+                        }
+                    },
+                },
+            },
+        },
+    )
+    response.raise_for_status()
+    await stack.wait_ready(order, 1)
+    assert boot_images(await stack.bmis(order)) == {seeded_id("disk_image", DISK_IMAGE_NAME)}
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
