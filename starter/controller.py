@@ -13,7 +13,9 @@ Per order:
   break a rule get the condition `NodeRequestsValid=False` (reason `InvalidNodeRequests`, the
   validator's message naming the field) and nothing is started or allocated. Otherwise the
   finalizer is added first, then the workflow is started or updated (update-with-start,
-  USE_EXISTING) only when its node sets differ from the order's, read fresh from the hub, and
+  USE_EXISTING) when its node sets differ from the order's, read fresh from the hub, or when the
+  order has a generation not applied yet (an edit of other fields, such as a rotated pull secret or
+  a new SSH key, which the workflow then brings to the order's InfraEnv), and
   `NodeRequestsValid=True` records the generation that was applied. A mass scale-down refused
   by the workflow's guard is sent again, confirmed, once the order carries the annotation
   `osac.openshift.io/confirm-scale-down=true`;
@@ -370,7 +372,9 @@ class ClusterOrderController:
             if problem is not None:
                 await self._reject(ref, problem, obj)
                 return None
-            if same_node_sets(status.node_sets, desired):
+            accepted = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID)
+            edited = accepted is None or accepted.get("observedGeneration") != generation(obj)
+            if same_node_sets(status.node_sets, desired) and not edited:
                 await self._accepted(ref, obj, desired)
                 return None
             observed = status.node_sets

@@ -82,6 +82,9 @@ class ClusterPatch(StrEnum):
     # The status is written by a local activity: one marker instead of three events and a workflow
     # task per write, and the workers' statuses it carries stay out of the history.
     STATUS_PUBLISHED_LOCALLY = "status-published-locally"
+    # A command after the InfraEnv was ensured brings it in line with the order again (a rotated
+    # pull secret, a new SSH key), before more hosts boot its ignition.
+    INFRAENV_FOLLOWS_THE_ORDER = "infraenv-follows-the-order"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -116,6 +119,8 @@ class ClusterWorkersWorkflow:
         self._status_generation = 1
         self._published_generation = 0
         self._finished = False
+        # A command arrived since the InfraEnv was last brought in line with the order.
+        self._order_edited = False
         self._cluster: ClusterReference | None = carried.cluster
         self._cluster_release = carried.cluster_release
         self._facts: OrderFacts | None = carried.facts
@@ -127,6 +132,7 @@ class ClusterWorkersWorkflow:
     @workflow.update
     async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
         self._node_sets = {n.name: n for n in command.node_sets}
+        self._order_edited = True
         self._touch()
         return self.status()
 
@@ -304,6 +310,7 @@ class ClusterWorkersWorkflow:
         ensured: EnsureInfraEnvResult | None = None
         while not self._decommissioning:
             try:
+                self._order_edited = False  # the ensure reads the order as it is now
                 ensured = await self._hub(
                     HubActivity.ENSURE_INFRAENV,
                     order,
@@ -381,6 +388,10 @@ class ClusterWorkersWorkflow:
     # ------------------------------------------------------------------------------ reconcile
 
     async def _reconcile(self) -> None:
+        if self._order_edited and not self._decommissioning:
+            self._order_edited = False
+            if workflow.patched(ClusterPatch.INFRAENV_FOLLOWS_THE_ORDER.value):
+                await self._refresh_infraenv()
         if self._decommissioning:
             desired: dict[str, int] = {}
         else:
@@ -410,6 +421,35 @@ class ClusterWorkersWorkflow:
         )
         if new_slots or victims:
             self._status_generation += 1
+
+    async def _refresh_infraenv(self) -> None:
+        """The order may have changed more than its counts (a rotated pull secret, a new SSH key):
+        bring its InfraEnv in line before more hosts boot the InfraEnv's ignition. The activity
+        patches only what drifted; a refusal (the pull secret removed, no default) keeps the InfraEnv
+        as it is, and the hosts keep booting it."""
+        order = self._input.order
+        try:
+            ensured = await self._hub(
+                HubActivity.ENSURE_INFRAENV,
+                order,
+                EnsureInfraEnvResult,
+                summary=f"Bring InfraEnv {order.infraenv_name} in line with the order",
+            )
+        except ActivityError as err:
+            workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
+            workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
+            return
+        if ensured.created:
+            # Someone deleted it: no host can boot until its discovery image is there again.
+            await self._until_decommissioned(
+                self._hub(
+                    HubActivity.WAIT_INFRAENV_READY,
+                    ensured.infraenv,
+                    InfraEnvReady,
+                    summary="Wait for the discovery image to be ready",
+                    wait=True,
+                )
+            )
 
     def _plan(
         self, desired: dict[str, int], *, named_always_leave: bool

@@ -160,6 +160,32 @@ async def test_an_invalid_change_keeps_the_running_workers(stack: Stack, ctl: Ru
     assert status.ready_workers == 1
 
 
+async def test_an_edit_of_the_pull_secret_alone_reaches_the_infraenv(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """Same counts, new generation: the controller still sends the order's node sets, so the
+    workflow brings the InfraEnv in line (a rotated pull secret for the hosts booted after)."""
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    await wait_condition(stack, order, "NodeRequestsValid", "True")
+    rotated = json.dumps({"auths": {"quay.io": {"auth": base64.b64encode(b"robot:r0tated").decode()}}})
+    edited = await patch_order(stack, order, {"spec": {"pullSecret": rotated}})
+    assert edited["metadata"]["generation"] == 2
+
+    async def in_line() -> bool:
+        return (await stack.infraenv_inputs(order))[0] == rotated
+
+    await eventually(in_line, "the InfraEnv's pull Secret to follow the order")
+
+    async def accepted() -> bool:
+        cond = condition(await get_order(stack, order), "NodeRequestsValid") or {}
+        return cond.get("status") == "True" and cond.get("observedGeneration") == 2
+
+    await eventually(accepted, "generation 2 accepted")
+    assert await update_names(stack, order) == ["set_node_sets", "set_node_sets"]
+    assert (await stack.api.status(order)).ready_workers == 1
+
+
 async def _absent(stack: Stack, order: OrderRef) -> bool:
     return await get_order(stack, order) is None
 

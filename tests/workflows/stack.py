@@ -25,6 +25,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError
 
+from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import NodeSetRequest
@@ -167,6 +168,20 @@ class Stack:
         response.raise_for_status()
         items: list[dict[str, Any]] = response.json()["items"]
         return items
+
+    async def infraenv_inputs(self, order: OrderRef) -> tuple[str | None, str | None]:
+        """What the order's InfraEnv makes hosts boot with: its pull Secret's content (decoded) and
+        its SSH key."""
+        ref = InfraEnvRef.for_order(order)
+        secret = await self.hub_http.get(f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.pull_secret_name}")
+        secret.raise_for_status()
+        encoded = secret.json().get("data", {}).get(PULL_SECRET_KEY)
+        infraenv = await self.hub_http.get(f"{AGENT_API}/namespaces/{ref.namespace}/infraenvs/{ref.name}")
+        infraenv.raise_for_status()
+        return (
+            base64.b64decode(encoded).decode() if encoded else None,
+            infraenv.json().get("spec", {}).get("sshAuthorizedKey"),
+        )
 
     async def bmis(self, order: OrderRef) -> list[dict[str, Any]]:
         response = await self.bmaas_http.get(

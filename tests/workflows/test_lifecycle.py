@@ -3,6 +3,8 @@ scale back up, decommission; every BMI and Agent gone and every host wiped."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +14,15 @@ from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
-from tests.workflows.stack import CLUSTER_ORDERS, Stack, eventually, running_stack, scheduled_activities
+from tests.workflows.stack import (
+    CLUSTER_ORDERS,
+    PULL_SECRET,
+    SSH_KEY,
+    Stack,
+    eventually,
+    running_stack,
+    scheduled_activities,
+)
 
 
 @pytest.fixture(scope="module")
@@ -316,5 +326,40 @@ async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(st
     response.raise_for_status()
     await stack.wait_ready(order, 1)
     assert boot_images(await stack.bmis(order)) == {seeded_id("disk_image", DISK_IMAGE_NAME)}
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+
+
+async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_after(stack: Stack) -> None:
+    """The tenant edits the ClusterOrder's pull secret and SSH key; the next command (the controller
+    sends one for every new generation) brings the InfraEnv in line before another host boots its
+    ignition. Neither ever enters a history."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    assert await stack.infraenv_inputs(order) == (PULL_SECRET, SSH_KEY)
+
+    rotated = json.dumps({"auths": {"quay.io": {"auth": base64.b64encode(b"robot:r0tated-pull").decode()}}})
+    new_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBx9nNewKeyForTheRotationTest0000000000000 n@x"
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"pullSecret": rotated, "sshPublicKey": new_key}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 2})
+
+    async def in_line() -> bool:
+        return await stack.infraenv_inputs(order) == (rotated, new_key)
+
+    await eventually(in_line, "the InfraEnv to carry the new pull secret and SSH key")
+    await stack.wait_ready(order, 2)
+
+    (cluster_history,) = [
+        h for h in await stack.histories(order) if h.workflow_id == cluster_workflow_id(order)
+    ]
+    assert scheduled_activities(cluster_history.events).count(HubActivity.ENSURE_INFRAENV) == 2
+    texts = json.dumps([h.to_json_dict() for h in await stack.histories(order)])
+    assert "r0tated-pull" not in texts and base64.b64encode(b"robot:r0tated-pull").decode() not in texts
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
