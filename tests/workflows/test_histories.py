@@ -19,6 +19,7 @@ from temporalio.workflow import NondeterminismError
 
 from contracts.activities import HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
+from contracts.workflows import cluster_workflow_id
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
 from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack, scheduled_activities
 from workflows.cluster_workers import ClusterWorkersWorkflow
@@ -45,6 +46,16 @@ async def lifecycle(
         ignition_url = infraenv["status"]["bootArtifacts"]["discoveryIgnitionURL"]
         ignition = (await stack.hub_http.get(ignition_url)).text
         await stack.api.scale_down_worker(order, order.worker_name(0))
+        # The same count again (as the controller sends for an edit of other fields): the InfraEnv
+        # is brought in line with the order, so that path is in the histories too.
+        await stack.apply(order, {"bm-standard": 1})
+
+        async def infraenv_refreshed() -> bool:
+            handle = stack.client.get_workflow_handle(cluster_workflow_id(order))
+            scheduled = scheduled_activities((await handle.fetch_history()).events)
+            return scheduled.count(HubActivity.ENSURE_INFRAENV) == 2
+
+        await eventually(infraenv_refreshed, "the InfraEnv brought in line after the second command")
         await stack.decommission_and_wait(order)
 
         query = f"OsacClusterOrder = '{order.key}'"
