@@ -285,6 +285,10 @@ class ClusterWorkersWorkflow:
                     " no workers are created until one does.",
                 )
                 await self._recheck_later()
+                # The tenant may have named one on the order meanwhile.
+                self._facts = await self._hub(
+                    HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
+                )
                 continue
             try:
                 await self._bmaas(

@@ -265,9 +265,13 @@ async def test_an_order_that_names_no_release_boots_its_hosted_clusters_release(
     assert await stack.bmis(order) == []
 
 
-async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(stack: Stack) -> None:
+@pytest.mark.parametrize("named_by", ["nodepool", "order"])
+async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(
+    stack: Stack, named_by: str
+) -> None:
     """An order without `releaseImage` whose hosted cluster has no NodePool yet: nothing is
-    allocated and the order says why, until a NodePool names the release."""
+    allocated and the order says why, until a NodePool names the release, or the tenant names one
+    on the order."""
     order = await stack.create_order(
         {"bm-standard": 1},
         release_image=None,
@@ -299,6 +303,20 @@ async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(st
     assert (await stack.api.status(order)).workers == []
     assert await stack.bmis(order) == []
 
+    if named_by == "order":
+        response = await stack.hub_http.patch(
+            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+            json={"spec": {"releaseImage": RELEASE_IMAGE}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+
+        async def found() -> bool:
+            conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
+            return any(c["type"] == "RHCOSImageNotFound" and c["status"] == "False" for c in conditions)
+
+        # Before any NodePool exists: the order's release is what was found.
+        await eventually(found, "the boot image of the order's release found")
     response = await stack.hub_http.post(
         f"/apis/hypershift.openshift.io/v1beta1/namespaces/{order.namespace}/nodepools",
         json={
