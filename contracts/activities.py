@@ -17,6 +17,7 @@ class BmaasActivity(StrEnum):
     WAIT_INSTANCE_GONE = "wait_instance_gone"
     LIST_ORDER_INSTANCES = "list_order_instances"
     FIND_INSTANCES_WITH_MACS = "find_instances_with_macs"
+    FIND_LOST_INSTANCES = "find_lost_instances"
 
 
 class HubActivity(StrEnum):

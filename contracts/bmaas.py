@@ -247,6 +247,37 @@ class FindInstancesWithMacsInput(CarriesReport):
         return sorted({normalize_mac(mac) for mac in value})
 
 
+class FindLostInstancesInput(BaseModel):
+    """The BMIs of an order's Ready workers: which of them lost their host?"""
+
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    bmi_ids: list[str] = Field(min_length=1)
+
+
+# A Ready worker's BMI in one of these states no longer runs its node (and was not made so by us:
+# the worker releases its BMI only after leaving Ready).
+LOST_STATES = frozenset({BmiState.FAILED, BmiState.DELETING})
+
+
+class LostInstance(BaseModel):
+    """A Ready worker's BMI that failed or is being deleted (`state`), or is gone (`state` None).
+    Also the payload of the worker workflow's `host_lost` signal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bmi_id: str
+    state: BmiState | None = None
+
+    def describe(self) -> str:
+        return f"BMI {self.bmi_id} " + (f"is {self.state.value}" if self.state else "is gone")
+
+
+class LostInstances(BaseModel):
+    lost: list[LostInstance] = Field(default_factory=list)
+
+
 class InstancesWithMacs(BaseModel):
     # CaaS BMIs (DELETING included: the host still holds its NICs) reporting one of the MACs, sorted.
     bmi_ids: list[str] = Field(default_factory=list)

@@ -36,6 +36,8 @@ class FailureReason(StrEnum):
     FULFILLMENT_SERVICE_UNAVAILABLE = "FulfillmentServiceUnavailable"
     DISCOVERY_IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
     HOST_WIPE_STUCK = "HostWipeStuck"
+    # A Ready worker's BMI failed, is being deleted or is gone, not by us: released and replaced.
+    HOST_LOST = "HostLost"
     INTERNAL_ERROR = "InternalError"
 
 
@@ -61,6 +63,7 @@ TENANT_MESSAGES: dict[FailureReason, str] = {
     FailureReason.FULFILLMENT_SERVICE_UNAVAILABLE: "The bare-metal service is unavailable; retrying.",
     FailureReason.DISCOVERY_IGNITION_TOO_LARGE: "The discovery configuration is too large for the host.",
     FailureReason.HOST_WIPE_STUCK: "Releasing the host is taking longer than expected.",
+    FailureReason.HOST_LOST: "The worker's bare-metal host stopped working; replacing it.",
     FailureReason.INTERNAL_ERROR: "An internal error occurred; retrying.",
 }
 
@@ -147,6 +150,9 @@ class TimingPolicy(BaseModel):
     status_coalesce: timedelta = timedelta(seconds=0.5)
     # How often a cluster with a missing boot image or cluster reference looks again.
     prerequisite_recheck: timedelta = timedelta(minutes=1)
+    # How often the cluster workflow asks BMaaS whether its Ready workers' hosts still run (one list
+    # per order): a host that failed or was deleted behind our back is then released and replaced.
+    ready_host_check: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))
     # A backend call still running after this is retried: how late a call lost with its worker
     # (killed, partitioned) is made again by another.
     call_timeout: timedelta = Field(default=timedelta(seconds=60), gt=timedelta(0))

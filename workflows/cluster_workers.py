@@ -19,7 +19,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
-    from contracts.bmaas import BootImage, ResolveBootImageInput
+    from contracts.bmaas import BootImage, FindLostInstancesInput, LostInstances, ResolveBootImageInput
     from contracts.hub import (
         ClusterRelease,
         ClusterReleaseInput,
@@ -85,6 +85,9 @@ class ClusterPatch(StrEnum):
     # A command after the InfraEnv was ensured brings it in line with the order again (a rotated
     # pull secret, a new SSH key), before more hosts boot its ignition.
     INFRAENV_FOLLOWS_THE_ORDER = "infraenv-follows-the-order"
+    # Every `ready_host_check`, while workers are Ready, BMaaS is asked whether their hosts still
+    # run; a worker whose BMI failed, is being deleted or is gone is told (`host_lost`).
+    READY_HOSTS_CHECKED = "ready-hosts-checked"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -228,6 +231,7 @@ class ClusterWorkersWorkflow:
         order = inp.order
         workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
         publisher = asyncio.ensure_future(self._publish_loop())
+        host_check = asyncio.ensure_future(self._check_ready_hosts())
 
         prepared = self._facts is not None and self._cluster is not None
         if not prepared and (not self._decommissioning or self._slots):
@@ -252,6 +256,7 @@ class ClusterWorkersWorkflow:
                 summary=f"Delete InfraEnv {order.infraenv_name}",
             )
         self._finished = True
+        host_check.cancel()
         await self._flush_status(publisher)
         return self.status()
 
@@ -590,6 +595,49 @@ class ClusterWorkersWorkflow:
                 )
             ]
         return []
+
+    def _ready_bmis(self) -> dict[str, SlotRecord]:
+        """The BMIs of the Ready workers that stay (none being scaled down)."""
+        return {
+            s.status.resource_id: s
+            for s in self._slots.values()
+            if _active(s) and s.status.phase == WorkerPhase.READY and s.status.resource_id
+        }
+
+    async def _check_ready_hosts(self) -> None:
+        """A Ready worker waits for its scale-down and nothing else, so a host that fails or is
+        deleted behind our back (hardware, an admin) would stay allocated and counted Ready. Every
+        `ready_host_check` while workers are Ready, one BMaaS list per order finds such hosts, and
+        their workers are told to release and replace them. Only runs that recorded the patch check:
+        the timer is new in their histories."""
+        await workflow.wait_condition(lambda: bool(self._ready_bmis()) or self._decommissioning)
+        if self._decommissioning or not workflow.patched(ClusterPatch.READY_HOSTS_CHECKED.value):
+            return
+        while not self._decommissioning:
+            await workflow.wait_condition(lambda: bool(self._ready_bmis()) or self._decommissioning)
+            await workflow.sleep(self._input.policy.ready_host_check)
+            ready = self._ready_bmis()
+            if not ready or self._decommissioning:
+                continue
+            try:
+                found = await self._bmaas(
+                    BmaasActivity.FIND_LOST_INSTANCES,
+                    FindLostInstancesInput(order=self._input.order, bmi_ids=sorted(ready)),
+                    LostInstances,
+                    summary=f"Check that the hosts of {len(ready)} Ready worker(s) still run",
+                )
+            except ActivityError as err:
+                workflow.logger.warning("checking the Ready workers' hosts failed: %s", err.cause or err)
+                continue
+            for lost in found.lost:
+                slot = ready[lost.bmi_id]
+                workflow.logger.warning("worker %s lost its host: %s", slot.spec.name, lost.describe())
+                try:
+                    await workflow.get_external_workflow_handle(self._child_id(slot)).signal(
+                        WorkerNodeWorkflow.host_lost, lost
+                    )
+                except ApplicationError as err:  # it ended meanwhile: nothing left to replace
+                    workflow.logger.warning("could not tell worker %s: %s", slot.spec.name, err)
 
     async def _publish_loop(self) -> None:
         """Coalesce status changes into few ClusterOrder writes. Always the same timer, never a

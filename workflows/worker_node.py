@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         InstanceRunning,
         InstancesWithMacs,
         ListOrderInstancesInput,
+        LostInstance,
         OrderInstances,
         WaitInstanceGoneInput,
     )
@@ -113,6 +114,8 @@ class WorkerNodeWorkflow:
         # The `deleted` report the last wipe wait delivers on success, so the end need not repeat it.
         self._deleted_delivered: WorkerReport | None = None
         self._tearing_down = False
+        # From the cluster workflow: this Ready worker's BMI no longer runs its node.
+        self._host_lost: LostInstance | None = None
 
     # ----------------------------------------------------------------------------------- API
 
@@ -133,6 +136,18 @@ class WorkerNodeWorkflow:
             and report.bmi_id == progress.bmi_id
         ):
             self._agent_registered = report
+
+    @workflow.signal
+    def host_lost(self, lost: LostInstance) -> None:
+        """From the cluster workflow's check of its Ready workers' BMIs. Counts only for the current
+        BMI of a Ready worker: a worker already leaving or replacing it has nothing to do."""
+        progress = self._progress
+        if (
+            progress is not None
+            and progress.status.phase == WorkerPhase.READY
+            and lost.bmi_id == progress.bmi_id
+        ):
+            self._host_lost = lost
 
     @workflow.query
     def status(self) -> WorkerStatus:
@@ -172,11 +187,20 @@ class WorkerNodeWorkflow:
             if self._progress.status.phase == WorkerPhase.READY:
                 await self._flush_reports()
                 await workflow.wait_condition(
-                    lambda: self._scale_down or workflow.info().is_continue_as_new_suggested()
+                    lambda: (
+                        self._scale_down
+                        or self._host_lost is not None
+                        or workflow.info().is_continue_as_new_suggested()
+                    )
                 )
-                if not self._scale_down:
-                    await self._continue_as_new()
-                break
+                if self._scale_down:
+                    break
+                if self._host_lost is not None:
+                    # Released (Agent unbound, BMI deleted and wiped) and replaced like any failure.
+                    lost, self._host_lost = self._host_lost, None
+                    await self._fail(AttemptFailed(FailureReason.HOST_LOST, lost.describe()))
+                    continue
+                await self._continue_as_new()
             if self._progress.status.phase == WorkerPhase.FAILED:
                 await self._wait_backoff()
                 if self._scale_down:

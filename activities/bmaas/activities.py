@@ -25,6 +25,7 @@ from activities.inflight import InFlight
 from activities.reporting import delivers_reports
 from contracts.bmaas import (
     CAAS_CATALOG_ITEM,
+    LOST_STATES,
     ORDER_LABEL,
     ORDER_NAMESPACE_LABEL,
     OWNER_ANNOTATION,
@@ -36,11 +37,14 @@ from contracts.bmaas import (
     CreateWorkerInstanceResult,
     DeleteInstanceResult,
     FindInstancesWithMacsInput,
+    FindLostInstancesInput,
     InstanceGone,
     InstanceRef,
     InstanceRunning,
     InstancesWithMacs,
     ListOrderInstancesInput,
+    LostInstance,
+    LostInstances,
     OrderInstances,
     ResolveBootImageInput,
     WaitInstanceGoneInput,
@@ -116,6 +120,7 @@ class BmaasActivities:
             self.resolve_boot_image,
             self.list_order_instances,
             self.find_instances_with_macs,
+            self.find_lost_instances,
         ]
 
     # -- create --------------------------------------------------------------------------------
@@ -434,6 +439,31 @@ class BmaasActivities:
             if s.is_caas_worker and s.id != req.exclude_bmi_id and wanted.intersection(s.macs)
         }
         return InstancesWithMacs(bmi_ids=sorted(found))
+
+    @activity.defn
+    async def find_lost_instances(self, req: FindLostInstancesInput) -> LostInstances:
+        """Of the given BMIs (an order's Ready workers'), those whose host no longer runs their
+        node: FAILED, DELETING, or gone. One list of the order's BMIs answers for most; a BMI missing
+        from it (its labels changed by hand, say) is read by id and counts as gone only on its own
+        NotFound, since a host taken for lost is released and wiped."""
+        listed = {
+            s.id: s
+            for s in map(BmiSnapshot.from_api, await self.client.list_instances(order_filter(req.order.name)))
+        }
+        lost: list[LostInstance] = []
+        for bmi_id in sorted(set(req.bmi_ids)):
+            snapshot = listed.get(bmi_id)
+            if snapshot is None:
+                try:
+                    snapshot = BmiSnapshot.from_api(await self.client.get_instance(bmi_id))
+                except BmaasApiError as err:
+                    if err.type != BmaasErrorType.NOT_FOUND.value:
+                        raise
+                    lost.append(LostInstance(bmi_id=bmi_id))
+                    continue
+            if snapshot.state in LOST_STATES:
+                lost.append(LostInstance(bmi_id=bmi_id, state=snapshot.state))
+        return LostInstances(lost=lost)
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -88,6 +88,10 @@ class Lifecycle:
     def start(self, rec: BmiRecord) -> None:
         rec.task = self._spawn(self._provision(rec), f"provision-{rec.id}")
 
+    def break_host(self, rec: BmiRecord) -> None:
+        """The host under a BMI broke (hardware): the BMI is FAILED and keeps its host until deleted."""
+        self._fail(rec, "HostFailed", "the host stopped responding")
+
     def delete(self, rec: BmiRecord) -> None:
         """DELETING now; the wipe and the removal run in the background."""
         if rec.deleting:

@@ -52,6 +52,16 @@ def lab_router() -> APIRouter:
             raise ApiError.not_found("host", id)
         return host.model_dump(mode="json")
 
+    @router.post("/baremetal_instances/{id}/break")
+    async def break_host(id: str, request: Request) -> dict[str, Any]:
+        """Make the host under a BMI fail, as hardware does: the BMI turns FAILED."""
+        lab = get_lab(request)
+        rec = lab.table.get(id)
+        if rec is None:
+            raise ApiError.not_found("baremetal_instance", id)
+        lab.lifecycle.break_host(rec)
+        return {"id": id, "state": rec.obj.status.state.value}
+
     # ------------------------------------------------------------------------------------ faults
 
     @router.get("/faults")

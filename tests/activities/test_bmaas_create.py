@@ -13,8 +13,10 @@ from contracts.bmaas import (
     OWNER_ANNOTATION,
     BmaasErrorType,
     BmiState,
+    FindLostInstancesInput,
     InstanceRef,
     ListOrderInstancesInput,
+    LostInstance,
     ResolveBootImageInput,
     WaitInstanceGoneInput,
 )
@@ -166,6 +168,41 @@ async def test_list_order_instances(harness: Harness) -> None:
     assert [i.name for i in listed.instances] == ["alpha-worker-0", "alpha-worker-1"]
     assert all(i.order_name == "alpha" and i.instance_type == "bm-standard" for i in listed.instances)
     assert all(i.state in set(BmiState) for i in listed.instances)
+
+
+async def test_find_lost_instances_names_failed_deleted_and_gone_bmis_only(harness: Harness) -> None:
+    order = OrderRef(namespace="tenant-ns", name="lost")
+    ids = [
+        (await harness.run(harness.acts.create_worker_instance, harness.slot(i, order="lost"))).instance.id
+        for i in range(4)
+    ]
+    broken, deleted, relabelled, _healthy = ids
+    resp = await harness.lab.http.post(f"/lab/v1/baremetal_instances/{broken}/break")
+    assert resp.status_code == 200, resp.text
+    await harness.run(harness.acts.delete_instance, InstanceRef(bmi_id=deleted))
+    # An admin dropped its labels: no longer in the order's list, yet its host runs.
+    resp = await harness.lab.http.patch(
+        f"/api/private/v1/baremetal_instances/{relabelled}",
+        params={"update_mask": "metadata.labels"},
+        json={"metadata": {"labels": {"note": "moved by hand"}}},
+    )
+    assert resp.status_code == 200, resp.text
+    listed = await harness.run(harness.acts.list_order_instances, ListOrderInstancesInput(order=order))
+    assert relabelled not in {i.id for i in listed.instances}
+    never = "00000000-0000-4000-8000-000000000000"
+
+    found = await harness.run(
+        harness.acts.find_lost_instances, FindLostInstancesInput(order=order, bmi_ids=[*ids, never])
+    )
+    lost = {item.bmi_id: item.state for item in found.lost}
+    assert lost.keys() == {broken, deleted, never}
+    assert lost[broken] == BmiState.FAILED
+    assert lost[deleted] in (BmiState.DELETING, None)  # being wiped, or wiped and gone
+    assert lost[never] is None
+    assert "is gone" in LostInstance(bmi_id=never).describe()
+
+    with pytest.raises(ValueError):
+        FindLostInstancesInput(order=order, bmi_ids=[])
 
 
 async def test_resolve_boot_image(harness: Harness) -> None:

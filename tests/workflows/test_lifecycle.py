@@ -6,23 +6,30 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports
-from contracts.workflows import cluster_workflow_id, worker_workflow_id
+from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
+from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
+from starter.api import WorkersApi
 from tests.workflows.stack import (
     CLUSTER_ORDERS,
     PULL_SECRET,
     SSH_KEY,
     Stack,
     eventually,
+    fast_policy,
     running_stack,
     scheduled_activities,
 )
+from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.worker_node import WorkerNodeWorkflow
 
 
 @pytest.fixture(scope="module")
@@ -381,3 +388,53 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
     assert "r0tated-pull" not in texts and base64.b64encode(b"robot:r0tated-pull").decode() not in texts
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_replaced(stack: Stack) -> None:
+    """A Ready worker waits only for its scale-down; its host can still break (the BMI turns FAILED)
+    or be deleted behind our back. The cluster workflow's check finds both: each worker fails with
+    HostLost, releases its host (a FAILED BMI is deleted and wiped) and comes back on a new one."""
+    api = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
+    )
+    order = await stack.create_order({"bm-standard": 3})
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=3)])
+    before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
+    broken, deleted, healthy = (order.worker_name(i) for i in range(3))
+    (await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before[broken]}/break")).raise_for_status()
+    (
+        await stack.bmaas_http.delete(f"/api/private/v1/baremetal_instances/{before[deleted]}")
+    ).raise_for_status()
+
+    async def replaced() -> dict[str, WorkerStatus] | None:
+        status = await stack.api.status(order)
+        workers = {w.name: w for w in status.workers}
+        if status.ready_workers != 3 or workers[broken].resource_id == before[broken]:
+            return None
+        return workers if workers[deleted].resource_id != before[deleted] else None
+
+    workers = await eventually(replaced, "both lost hosts replaced", timeout=120)
+    for name in (broken, deleted):
+        assert (
+            workers[name].attempt_count == 2 and workers[name].last_failure_reason == FailureReason.HOST_LOST
+        )
+    assert workers[healthy].resource_id == before[healthy] and workers[healthy].attempt_count == 1
+    assert {b["id"] for b in await stack.bmis(order)} == {w.resource_id for w in workers.values()}
+    wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    assert before[broken] in wiped  # the broken host went back to the pool only after its wipe
+    assert before[healthy] not in wiped
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.audit_violations() == []
+    # The checks, the signals and the replacements replay as they ran.
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    histories = await stack.histories(order)
+    cluster = next(h for h in histories if h.workflow_id == cluster_workflow_id(order))
+    assert BmaasActivity.FIND_LOST_INSTANCES in scheduled_activities(cluster.events)
+    for history in histories:
+        await replayer.replay_workflow(history)
