@@ -129,25 +129,20 @@ class WorkerNodeWorkflow:
     @workflow.signal
     def agent_registered(self, report: AgentRegistered) -> None:
         """From the watch started by watch_agent_for_macs. Only news of this attempt's host counts."""
-        progress = self._progress
-        if (
-            progress is not None
-            and progress.status.phase == WorkerPhase.WAITING_FOR_AGENT
-            and report.bmi_id == progress.bmi_id
-        ):
+        if self._news_of_current_host(WorkerPhase.WAITING_FOR_AGENT, report.bmi_id):
             self._agent_registered = report
 
     @workflow.signal
     def host_lost(self, lost: LostInstance) -> None:
         """From the cluster workflow's check of its Ready workers' BMIs. Counts only for the current
         BMI of a Ready worker: a worker already leaving or replacing it has nothing to do."""
-        progress = self._progress
-        if (
-            progress is not None
-            and progress.status.phase == WorkerPhase.READY
-            and lost.bmi_id == progress.bmi_id
-        ):
+        if self._news_of_current_host(WorkerPhase.READY, lost.bmi_id):
             self._host_lost = lost
+
+    def _news_of_current_host(self, phase: WorkerPhase, bmi_id: str | None) -> bool:
+        """News sent from outside counts only in the phase that waits for it, about the current BMI."""
+        progress = self._progress
+        return progress is not None and progress.status.phase == phase and bmi_id == progress.bmi_id
 
     @workflow.query
     def status(self) -> WorkerStatus:
