@@ -108,6 +108,9 @@ def chaos_policy(config: ChaosConfig) -> TimingPolicy:
         wipe_stuck_after=timedelta(seconds=10),
         status_coalesce=timedelta(seconds=0.5),
         prerequisite_recheck=timedelta(seconds=1),
+        # Often, so the Ready workers' hosts are checked through the kills, restarts and 503s: no
+        # host breaks here, so any worker told its host was lost is a false alarm (an invariant).
+        ready_host_check=timedelta(seconds=5),
     )
 
 

@@ -80,6 +80,7 @@ def judge(rec: SeedRecord) -> list[Invariant]:
         _plateaus(rec),
         _status_consistent(rec),
         _worker_died_only_when_killed(rec),
+        _no_healthy_host_taken_for_lost(rec),
         _chaos_applied(rec),
     ]
 
@@ -292,6 +293,20 @@ def _worker_died_only_when_killed(rec: SeedRecord) -> Invariant:
         f"a running worker exited on its own with codes {exits}; {starts}"
         if exits
         else f"{starts}: it rode out the Temporal restart, the 503s, the hub 500/409s and the watch cuts",
+    )
+
+
+def _no_healthy_host_taken_for_lost(rec: SeedRecord) -> Invariant:
+    """No host breaks in a chaos run, so the Ready workers' host checks, made through the kills, the
+    restarts and the 503s, must never tell a worker its host was lost (it would be released and
+    wiped). They must have run, too."""
+    checks = rec.final.host_checks if rec.final else 0
+    told = rec.final.host_lost_signals if rec.final else []
+    return Invariant(
+        "no healthy host taken for lost",
+        checks > 0 and not told,
+        f"{checks} checks of the Ready workers' hosts; "
+        + (f"workers told their host was lost: {told[:3]}" if told else "none told its host was lost"),
     )
 
 

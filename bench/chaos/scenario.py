@@ -34,6 +34,7 @@ from bench.chaos.config import (
 )
 from bench.chaos.processes import TemporalDevServer, WorkerProcess
 from bench.chaos.twins import AGENTS, INFRA_ENVS, MACHINES, NODE_POOLS, Obj, Twins, pick
+from contracts.activities import BmaasActivity
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import (
@@ -89,6 +90,10 @@ class FinalState:
     statuses: dict[str, ClusterWorkersStatus | None]
     orders: dict[str, Obj]
     workflow_states: dict[str, WorkflowState]
+    # From the cluster workflows' histories: checks of the Ready workers' hosts made, and the
+    # workers told their host was lost (no host breaks in a chaos run: each is a false alarm).
+    host_checks: int = 0
+    host_lost_signals: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -502,6 +507,23 @@ class ChaosRun:
             orders={k: await self.twins.cluster_order(o) for k, o in orders.items()},
             workflow_states={k: await self.stack.api.workflow_state(o) for k, o in orders.items()},
         )
+        await self._collect_host_checks(orders)
+
+    async def _collect_host_checks(self, orders: dict[str, OrderRef]) -> None:
+        assert self.record.final is not None
+        client: Client = self.stack.client
+        for key in orders:
+            query = f"OsacClusterOrder = '{key}' AND WorkflowType = 'ClusterWorkersWorkflow'"
+            async for wf in client.list_workflows(query):
+                history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+                for event in history.events:
+                    if event.HasField("activity_task_scheduled_event_attributes"):
+                        name = event.activity_task_scheduled_event_attributes.activity_type.name
+                        self.record.final.host_checks += name == BmaasActivity.FIND_LOST_INSTANCES
+                    if event.HasField("signal_external_workflow_execution_initiated_event_attributes"):
+                        signal = event.signal_external_workflow_execution_initiated_event_attributes
+                        if signal.signal_name == "host_lost":
+                            self.record.final.host_lost_signals.append(signal.workflow_execution.workflow_id)
 
     async def _expected_open(self, a: OrderRef, b: OrderRef) -> set[str]:
         open_ids: set[str] = set()
