@@ -7,6 +7,7 @@ client, kubectl, curl) can talk to the twins from the test's own thread without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -19,6 +20,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def distinct_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Free ports, all different: held open together while picked, so none comes back twice."""
+    with contextlib.ExitStack() as held:
+        sockets = [
+            held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)
+        ]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 class ThreadedServer:

@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
-from lab.http_server import free_port
+from lab.http_server import distinct_free_ports
 from worker.settings import Settings
 from workflows.search_attributes import ALL_SEARCH_ATTRIBUTES
 
@@ -54,17 +54,23 @@ def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         proc.wait(STOP_GRACE_S)
 
 
+FIRST_START_ATTEMPTS = 3
+
+
 class TemporalDevServer:
     """`temporal server start-dev` on a fixed port with a SQLite file, so a restart keeps every
     workflow, timer and task; clients reconnect to the same address."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self._pick_ports()
         self.db_file = workdir / "temporal.sqlite"
         self.log_file = workdir / "temporal.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+
+    def _pick_ports(self) -> None:
+        self.port, self.http_port, self.metrics_port = distinct_free_ports(3)
+        self.address = f"127.0.0.1:{self.port}"
 
     def _args(self) -> list[str]:
         return [
@@ -77,9 +83,9 @@ class TemporalDevServer:
             "--port",
             str(self.port),
             "--http-port",
-            str(free_port()),
+            str(self.http_port),
             "--metrics-port",
-            str(free_port()),
+            str(self.metrics_port),
             "--db-filename",
             str(self.db_file),
             "--log-level",
@@ -92,8 +98,21 @@ class TemporalDevServer:
             self.proc = subprocess.Popen(self._args(), stdout=log, stderr=log, start_new_session=True)
 
     async def start(self, timeout: float = 120.0) -> None:
-        self.spawn()
-        await self.wait_serving(timeout)
+        for attempt in range(1, FIRST_START_ATTEMPTS + 1):
+            self.spawn()
+            try:
+                await self.wait_serving(timeout)
+                return
+            except RuntimeError:
+                # A free port is only free until someone binds it (any process's outgoing
+                # connection may take it): a first start that lost its port picks new ones. A
+                # restart keeps its address, which its clients reconnect to.
+                if self.restarts or attempt == FIRST_START_ATTEMPTS or not self._lost_a_port():
+                    raise
+                self._pick_ports()
+
+    def _lost_a_port(self) -> bool:
+        return "address already in use" in self.log_file.read_text(errors="replace")
 
     async def wait_serving(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
