@@ -49,6 +49,9 @@ class SetNodeSets(BaseModel):
     node_sets: list[NodeSetRequest]
     # Required for a mass scale-down (see ScaleDownGuard); decommission never needs it.
     confirm_scale_down: bool = False
+    # The ClusterOrder generation the command comes from (the controller's), so the status can say
+    # which edit of the order the workflow has seen even when the counts did not change.
+    order_generation: int | None = Field(default=None, ge=0)
 
 
 CONFIRM_SCALE_DOWN_ANNOTATION = "osac.openshift.io/confirm-scale-down"
@@ -245,6 +248,7 @@ class ClusterWorkersCarried(BaseModel):
     conditions: list[Condition] = Field(default_factory=list)
     # The hosted cluster's release, read when the order names no `releaseImage`.
     cluster_release: str | None = None
+    order_generation: int | None = None
 
 
 class ClusterWorkersStatus(BaseModel):
@@ -258,6 +262,8 @@ class ClusterWorkersStatus(BaseModel):
     decommissioning: bool
     finished: bool
     ignored_scale_downs: list[str]
+    # The latest ClusterOrder generation a `set_node_sets` came from (None: none said).
+    order_generation: int | None = None
 
 
 class ScaleDownWorker(BaseModel):

@@ -118,12 +118,14 @@ class WorkersApi:
         *,
         update_id: str | None = None,
         confirm_scale_down: bool = False,
+        order_generation: int | None = None,
     ) -> ClusterWorkersStatus:
         """Ensure the order's workflow runs and set its node sets, in one call (idempotent).
 
         `update_id`: callers that may send the same change twice (two controllers) pass an id
         derived from the change; the server then applies it once and answers both.
-        `confirm_scale_down`: let a mass scale-down through the workflow's guard."""
+        `confirm_scale_down`: let a mass scale-down through the workflow's guard.
+        `order_generation`: the ClusterOrder generation this comes from (the status reports it)."""
         start = WithStartWorkflowOperation(
             ClusterWorkersWorkflow.run,
             ClusterWorkersInput(
@@ -142,7 +144,11 @@ class WorkersApi:
         try:
             return await self.client.execute_update_with_start_workflow(
                 ClusterWorkersWorkflow.set_node_sets,
-                SetNodeSets(node_sets=list(node_sets), confirm_scale_down=confirm_scale_down),
+                SetNodeSets(
+                    node_sets=list(node_sets),
+                    confirm_scale_down=confirm_scale_down,
+                    order_generation=order_generation,
+                ),
                 start_workflow_operation=start,
                 id=update_id,
             )

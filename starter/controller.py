@@ -372,9 +372,12 @@ class ClusterOrderController:
             if problem is not None:
                 await self._reject(ref, problem, obj)
                 return None
+            # Same counts: apply only an edit the workflow has not seen (its InfraEnv follows the
+            # order). Another controller may have applied it a moment ago, before its condition.
             accepted = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID)
-            edited = accepted is None or accepted.get("observedGeneration") != generation(obj)
-            if same_node_sets(status.node_sets, desired) and not edited:
+            applied = accepted is not None and accepted.get("observedGeneration") == generation(obj)
+            seen = (status.order_generation or 0) >= (generation(obj) or 0)
+            if same_node_sets(status.node_sets, desired) and (applied or seen):
                 await self._accepted(ref, obj, desired)
                 return None
             observed = status.node_sets
@@ -404,6 +407,7 @@ class ClusterOrderController:
                 instance_types=await self._catalog.names(),
                 update_id=update_id,
                 confirm_scale_down=confirm,
+                order_generation=generation(obj),
             )
         except CommandError as err:
             await self._reject(ref, str(err))

@@ -126,6 +126,7 @@ class ClusterWorkersWorkflow:
         self._order_edited = False
         self._cluster: ClusterReference | None = carried.cluster
         self._cluster_release = carried.cluster_release
+        self._order_generation = carried.order_generation
         self._facts: OrderFacts | None = carried.facts
         for condition in carried.conditions:
             self._conditions[OrderConditionType(condition.type)] = condition
@@ -136,6 +137,8 @@ class ClusterWorkersWorkflow:
     async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
         self._node_sets = {n.name: n for n in command.node_sets}
         self._order_edited = True
+        if command.order_generation is not None:
+            self._order_generation = max(command.order_generation, self._order_generation or 0)
         self._touch()
         return self.status()
 
@@ -222,6 +225,7 @@ class ClusterWorkersWorkflow:
             decommissioning=self._decommissioning,
             finished=self._finished,
             ignored_scale_downs=list(self._ignored_scale_downs),
+            order_generation=self._order_generation,
         )
 
     # ------------------------------------------------------------------------------ main flow
@@ -695,6 +699,7 @@ class ClusterWorkersWorkflow:
             facts=self._facts,
             cluster=self._cluster,
             cluster_release=self._cluster_release,
+            order_generation=self._order_generation,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(
