@@ -335,8 +335,8 @@ class ClusterOrderController:
         return await self._sync(key, ref)
 
     def _generation_applied(self, obj: KubeObject, managed: bool) -> bool:
-        cond = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID)
-        if cond is None or cond.get("observedGeneration") != generation(obj):
+        cond = _accepted_at(obj)
+        if cond is None:
             return False
         if condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED) is not None:
             return True  # an operator must look; resyncs check again
@@ -374,10 +374,8 @@ class ClusterOrderController:
                 return None
             # Same counts: apply only an edit the workflow has not seen (its InfraEnv follows the
             # order). Another controller may have applied it a moment ago, before its condition.
-            accepted = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID)
-            applied = accepted is not None and accepted.get("observedGeneration") == generation(obj)
             seen = (status.order_generation or 0) >= (generation(obj) or 0)
-            if same_node_sets(status.node_sets, desired) and (applied or seen):
+            if same_node_sets(status.node_sets, desired) and (_accepted_at(obj) is not None or seen):
                 await self._accepted(ref, obj, desired)
                 return None
             observed = status.node_sets
@@ -523,3 +521,9 @@ class ClusterOrderController:
             self._queue.add(key, True)
 
         self._finish_waiters[key] = asyncio.create_task(wait(), name=f"finished-{key}")
+
+
+def _accepted_at(obj: KubeObject) -> KubeObject | None:
+    """`NodeRequestsValid` when it was written for the order's current generation (either status)."""
+    cond = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID)
+    return cond if cond is not None and cond.get("observedGeneration") == generation(obj) else None

@@ -347,15 +347,7 @@ class ClusterWorkersWorkflow:
             return
         infraenv = ensured.infraenv
         self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.FALSE, "WaitingForImage")
-        await self._until_decommissioned(
-            self._hub(
-                HubActivity.WAIT_INFRAENV_READY,
-                infraenv,
-                InfraEnvReady,
-                summary="Wait for the discovery image to be ready",
-                wait=True,
-            )
-        )
+        await self._wait_infraenv_ready(infraenv)
         self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
         self._events.append(self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {infraenv.name} is ready"))
 
@@ -454,15 +446,18 @@ class ClusterWorkersWorkflow:
             return
         if ensured.created:
             # Someone deleted it: no host can boot until its discovery image is there again.
-            await self._until_decommissioned(
-                self._hub(
-                    HubActivity.WAIT_INFRAENV_READY,
-                    ensured.infraenv,
-                    InfraEnvReady,
-                    summary="Wait for the discovery image to be ready",
-                    wait=True,
-                )
+            await self._wait_infraenv_ready(ensured.infraenv)
+
+    async def _wait_infraenv_ready(self, infraenv: InfraEnvRef) -> None:
+        await self._until_decommissioned(
+            self._hub(
+                HubActivity.WAIT_INFRAENV_READY,
+                infraenv,
+                InfraEnvReady,
+                summary="Wait for the discovery image to be ready",
+                wait=True,
             )
+        )
 
     def _plan(
         self, desired: dict[str, int], *, named_always_leave: bool
