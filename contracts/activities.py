@@ -18,6 +18,7 @@ class BmaasActivity(StrEnum):
     LIST_ORDER_INSTANCES = "list_order_instances"
     FIND_INSTANCES_WITH_MACS = "find_instances_with_macs"
     FIND_LOST_INSTANCES = "find_lost_instances"
+    APPLY_SECURITY_GROUPS = "apply_security_groups"
 
 
 class HubActivity(StrEnum):

@@ -256,6 +256,21 @@ class FindLostInstancesInput(BaseModel):
     bmi_ids: list[str] = Field(min_length=1)
 
 
+class ApplySecurityGroupsInput(BaseModel):
+    """The order's security groups now (its `networkAttachment.securityGroupRefs`), for every BMI
+    of the order that runs or boots a worker."""
+
+    model_config = ConfigDict(frozen=True)
+
+    order: OrderRef
+    security_groups: tuple[str, ...] = ()
+
+
+class SecurityGroupsApplied(BaseModel):
+    # The BMIs whose network attachment was changed, sorted; the others already had the groups.
+    bmi_ids: list[str] = Field(default_factory=list)
+
+
 # A Ready worker's BMI in one of these states no longer runs its node (and was not made so by us:
 # the worker releases its BMI only after leaving Ready).
 LOST_STATES = frozenset({BmiState.FAILED, BmiState.DELETING})

@@ -249,6 +249,8 @@ class ClusterWorkersCarried(BaseModel):
     # The hosted cluster's release, read when the order names no `releaseImage`.
     cluster_release: str | None = None
     order_generation: int | None = None
+    # The order's security groups were still to be put on some of its BMIs.
+    security_groups_pending: bool = False
 
 
 class ClusterWorkersStatus(BaseModel):

@@ -19,7 +19,14 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
-    from contracts.bmaas import BootImage, FindLostInstancesInput, LostInstances, ResolveBootImageInput
+    from contracts.bmaas import (
+        ApplySecurityGroupsInput,
+        BootImage,
+        FindLostInstancesInput,
+        LostInstances,
+        ResolveBootImageInput,
+        SecurityGroupsApplied,
+    )
     from contracts.hub import (
         ClusterRelease,
         ClusterReleaseInput,
@@ -88,6 +95,9 @@ class ClusterPatch(StrEnum):
     # Every `ready_host_check`, while workers are Ready, BMaaS is asked whether their hosts still
     # run; a worker whose BMI failed, is being deleted or is gone is told (`host_lost`).
     READY_HOSTS_CHECKED = "ready-hosts-checked"
+    # A command reads the order again, and the order's security groups (mutable, unlike its subnet)
+    # are put on its BMIs: the ones running, and each one a worker booted with the old groups later.
+    SECURITY_GROUPS_FOLLOW_THE_ORDER = "security-groups-follow-the-order"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -124,6 +134,10 @@ class ClusterWorkersWorkflow:
         self._finished = False
         # A command arrived since the InfraEnv was last brought in line with the order.
         self._order_edited = False
+        # The order's security groups are to be put on its BMIs (they changed, or a worker started
+        # with the old ones reported a new BMI) while this is above the last generation applied.
+        self._security_groups_wanted = 1 if carried.security_groups_pending else 0
+        self._security_groups_applied = 0
         self._cluster: ClusterReference | None = carried.cluster
         self._cluster_release = carried.cluster_release
         self._order_generation = carried.order_generation
@@ -207,6 +221,9 @@ class ClusterWorkersWorkflow:
             return False  # a late copy (a retried activity) of a report already superseded
         slot.report_sequence = max(slot.report_sequence, report.sequence)
         self._events.extend(self._events_for(slot.status, report))
+        new_bmi = report.status.resource_id and report.status.resource_id != slot.status.resource_id
+        if new_bmi and self._in_old_security_groups(slot):
+            self._security_groups_wanted += 1
         slot.status = report.status
         slot.deleted = slot.deleted or report.deleted
         return True
@@ -236,6 +253,7 @@ class ClusterWorkersWorkflow:
         workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
         publisher = asyncio.ensure_future(self._publish_loop())
         host_check = asyncio.ensure_future(self._check_ready_hosts())
+        security_groups = asyncio.ensure_future(self._keep_security_groups())
 
         prepared = self._facts is not None and self._cluster is not None
         if not prepared and (not self._decommissioning or self._slots):
@@ -261,6 +279,7 @@ class ClusterWorkersWorkflow:
             )
         self._finished = True
         host_check.cancel()
+        security_groups.cancel()
         await self._flush_status(publisher)
         return self.status()
 
@@ -397,6 +416,8 @@ class ClusterWorkersWorkflow:
             self._order_edited = False
             if workflow.patched(ClusterPatch.INFRAENV_FOLLOWS_THE_ORDER.value):
                 await self._refresh_infraenv()
+            if workflow.patched(ClusterPatch.SECURITY_GROUPS_FOLLOW_THE_ORDER.value):
+                await self._refresh_security_groups()
         if self._decommissioning:
             desired: dict[str, int] = {}
         else:
@@ -447,6 +468,68 @@ class ClusterWorkersWorkflow:
         if ensured.created:
             # Someone deleted it: no host can boot until its discovery image is there again.
             await self._wait_infraenv_ready(ensured.infraenv)
+
+    async def _refresh_security_groups(self) -> None:
+        """The tenant may change `networkAttachment.securityGroupRefs` on a live order; its hosts
+        must follow, or a host keeps what the old groups allowed. The subnet is immutable and stays."""
+        assert self._facts is not None
+        order = self._input.order
+        facts = await self._hub(
+            HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
+        )
+        current, wanted = self._facts.network_attachment, facts.network_attachment
+        if current is None or wanted is None or wanted.security_groups == current.security_groups:
+            return
+        self._facts = self._facts.model_copy(
+            update={
+                "network_attachment": current.model_copy(update={"security_groups": wanted.security_groups})
+            }
+        )
+        if any(self._in_old_security_groups(s) for s in self._slots.values()):
+            self._security_groups_wanted += 1
+
+    def _in_old_security_groups(self, slot: SlotRecord) -> bool:
+        """A live worker started before the order's security groups changed: its BMIs are created
+        with the old ones."""
+        wanted = self._facts.network_attachment if self._facts is not None else None
+        return (
+            not slot.deleted
+            and slot.spec.network is not None
+            and wanted is not None
+            and slot.spec.network.security_groups != wanted.security_groups
+        )
+
+    async def _keep_security_groups(self) -> None:
+        """Off the main loop: a BMaaS outage holds this back, not the order's commands."""
+        while True:
+            await workflow.wait_condition(
+                lambda: (
+                    self._security_groups_wanted > self._security_groups_applied and not self._decommissioning
+                )
+            )
+            wanted = self._security_groups_wanted
+            await self._apply_security_groups()
+            self._security_groups_applied = wanted
+
+    async def _apply_security_groups(self) -> None:
+        assert self._facts is not None and self._facts.network_attachment is not None
+        groups = self._facts.network_attachment.security_groups
+        try:
+            applied = await self._bmaas(
+                BmaasActivity.APPLY_SECURITY_GROUPS,
+                ApplySecurityGroupsInput(order=self._input.order, security_groups=groups),
+                SecurityGroupsApplied,
+                summary=f"Put the order's hosts in security groups [{', '.join(groups)}]",
+            )
+        except ActivityError as err:
+            # BMaaS refused (a group that does not exist, say): the tenant sees why in the details.
+            workflow.logger.warning("security groups not applied: %s", err.cause or err)
+            workflow.set_current_details(
+                f"Security groups [{', '.join(groups)}] not applied: {err.cause or err}"
+            )
+            return
+        if applied.bmi_ids:
+            workflow.logger.info("BMIs %s put in security groups %s", applied.bmi_ids, list(groups))
 
     async def _wait_infraenv_ready(self, infraenv: InfraEnvRef) -> None:
         await self._until_decommissioned(
@@ -695,6 +778,7 @@ class ClusterWorkersWorkflow:
             cluster=self._cluster,
             cluster_release=self._cluster_release,
             order_generation=self._order_generation,
+            security_groups_pending=self._security_groups_wanted > self._security_groups_applied,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(

@@ -30,6 +30,7 @@ from contracts.bmaas import (
     ORDER_NAMESPACE_LABEL,
     OWNER_ANNOTATION,
     SYSTEM_TENANT,
+    ApplySecurityGroupsInput,
     BmaasErrorType,
     BmiState,
     BootImage,
@@ -47,6 +48,7 @@ from contracts.bmaas import (
     LostInstances,
     OrderInstances,
     ResolveBootImageInput,
+    SecurityGroupsApplied,
     WaitInstanceGoneInput,
     WaitProgress,
     WorkerInstance,
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 
 IMAGE_SOURCE_DISK_IMAGE = "disk_image"
 FABRIC_ROLE = "fabric"
+NETWORK_ATTACHMENTS_MASK = "spec.network_attachments"
 USER_DATA_MAX_BYTES = 64 * 1024
 USER_DATA_WARN_BYTES = 48 * 1024
 # Condition texts by which BMaaS says allocation found no host ("No matching hosts available").
@@ -121,6 +124,7 @@ class BmaasActivities:
             self.list_order_instances,
             self.find_instances_with_macs,
             self.find_lost_instances,
+            self.apply_security_groups,
         ]
 
     # -- create --------------------------------------------------------------------------------
@@ -465,6 +469,52 @@ class BmaasActivities:
                 lost.append(LostInstance(bmi_id=bmi_id, state=snapshot.state))
         return LostInstances(lost=lost)
 
+    @activity.defn
+    async def apply_security_groups(self, req: ApplySecurityGroupsInput) -> SecurityGroupsApplied:
+        """Put every live BMI of the order in the order's security groups now. A tenant may change
+        them on a live order (`securityGroupRefs` is mutable, the subnet is not), and a host left in
+        the old groups keeps whatever they allowed. Only the attachments' groups change (update mask
+        `spec.network_attachments`, locked to the listed version: a concurrent change makes a
+        retryable conflict, never a lost write). BMIs being deleted or failed, and BMIs without a
+        network attachment, are left as they are."""
+        wanted = sorted(set(req.security_groups))
+        changed: list[str] = []
+        for obj in await self.client.list_instances(order_filter(req.order.name)):
+            snapshot = BmiSnapshot.from_api(obj)
+            if not snapshot.belongs_to(req.order) or snapshot.state in LOST_STATES:
+                continue
+            listed = (obj.get("spec") or {}).get("network_attachments") or []
+            attachments = [a for a in listed if isinstance(a, dict)]
+            if all(_group_ids(a) == wanted for a in attachments):
+                continue  # already in the groups, or no attachment to put in them
+            body: dict[str, Any] = {
+                "spec": {
+                    "network_attachments": [
+                        {**a, "security_groups": [_reference(ref) for ref in req.security_groups]}
+                        for a in attachments
+                    ]
+                },
+            }
+            if snapshot.version is not None:
+                body["metadata"] = {"version": snapshot.version}
+            try:
+                await self.client.update_instance(
+                    snapshot.id, body, update_mask=NETWORK_ATTACHMENTS_MASK, lock=snapshot.version is not None
+                )
+            except BmaasApiError as err:
+                if err.type != BmaasErrorType.NOT_FOUND.value:
+                    raise
+                continue  # deleted meanwhile: nothing left to put in the groups
+            log.info(
+                "BMI %s (%s) of %s put in security groups %s",
+                snapshot.name,
+                snapshot.id,
+                req.order.key,
+                wanted,
+            )
+            changed.append(snapshot.id)
+        return SecurityGroupsApplied(bmi_ids=sorted(changed))
+
     # -- helpers -------------------------------------------------------------------------------
 
     def _secrets(self) -> list[str]:
@@ -485,6 +535,11 @@ def _wait_progress(bmi_id: str, obs: Observed, streaming: bool) -> WaitProgress:
 def _reference(ref: str) -> dict[str, str]:
     # The order's references are ids; BMaaS resolves `{id}` (a name-only reference would be `{name}`).
     return {"id": ref}
+
+
+def _group_ids(attachment: dict[str, Any]) -> list[str]:
+    groups = attachment.get("security_groups") or []
+    return sorted({ref for ref in map(_reference_id, groups) if ref})
 
 
 def _reference_id(value: Any) -> str | None:

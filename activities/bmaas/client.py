@@ -288,6 +288,21 @@ class BmaasClient:
     async def delete_instance(self, bmi_id: str) -> None:
         await self.request("DELETE", f"/{INSTANCES}/{_segment(bmi_id)}")
 
+    async def update_instance(
+        self, bmi_id: str, body: Mapping[str, Any], *, update_mask: str, lock: bool = True
+    ) -> dict[str, Any]:
+        """PATCH the fields named by `update_mask`; with `lock`, only if `metadata.version` in the body
+        is still the stored one (a version conflict is a retryable `BmaasConflict`)."""
+        params: dict[str, str | int] = {"update_mask": update_mask}
+        if lock:
+            params["lock"] = "true"
+        updated = await self.request(
+            "PATCH", f"/{INSTANCES}/{_segment(bmi_id)}", params=params, body=body, idempotent=False
+        )
+        if not isinstance(updated, dict):
+            raise BmaasApiError(f"PATCH /{INSTANCES}/{bmi_id}: not an object", BmaasErrorType.PROTOCOL)
+        return updated
+
     async def list_instances(self, cel_filter: str | None = None) -> list[dict[str, Any]]:
         return await self.list_all(INSTANCES, cel_filter)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -12,6 +13,7 @@ from contracts.bmaas import (
     ORDER_NAMESPACE_LABEL,
     OWNER_ANNOTATION,
     BmaasErrorType,
+    ApplySecurityGroupsInput,
     BmiState,
     FindLostInstancesInput,
     InstanceRef,
@@ -203,6 +205,52 @@ async def test_find_lost_instances_names_failed_deleted_and_gone_bmis_only(harne
 
     with pytest.raises(ValueError):
         FindLostInstancesInput(order=order, bmi_ids=[])
+
+
+async def test_apply_security_groups_changes_only_the_groups_of_the_orders_live_bmis(
+    harness: Harness,
+) -> None:
+    order = OrderRef(namespace="tenant-ns", name="groups")
+    ids = [
+        (await harness.run(harness.acts.create_worker_instance, harness.slot(i, order="groups"))).instance.id
+        for i in range(3)
+    ]
+    live, broken, deleting = ids
+    other = (
+        await harness.run(harness.acts.create_worker_instance, harness.slot(0, order="bystander"))
+    ).instance.id
+    resp = await harness.lab.http.post(f"/lab/v1/baremetal_instances/{broken}/break")
+    assert resp.status_code == 200, resp.text
+    await harness.run(harness.acts.delete_instance, InstanceRef(bmi_id=deleting))
+
+    def groups(bmi: dict[str, Any] | None) -> list[Any]:
+        assert bmi is not None
+        return [a["security_groups"] for a in bmi["spec"]["network_attachments"]]
+
+    before = await harness.lab.get_bmi(live)
+    applied = await harness.run(
+        harness.acts.apply_security_groups, ApplySecurityGroupsInput(order=order, security_groups=("sg-3",))
+    )
+    assert applied.bmi_ids == [live]
+    after = await harness.lab.get_bmi(live)
+    assert after is not None and before is not None
+    assert groups(after) == [[{"id": "sg-3"}]]
+    # Nothing else of the attachment moved: the subnet, the fabric port, the primary flag.
+    assert [
+        {k: v for k, v in a.items() if k != "security_groups"} for a in after["spec"]["network_attachments"]
+    ] == [
+        {k: v for k, v in a.items() if k != "security_groups"} for a in before["spec"]["network_attachments"]
+    ]
+    assert groups(await harness.lab.get_bmi(broken)) == [[{"id": "sg-1"}, {"id": "sg-2"}]]
+    assert groups(await harness.lab.get_bmi(other)) == [[{"id": "sg-1"}, {"id": "sg-2"}]]
+
+    again = await harness.run(
+        harness.acts.apply_security_groups, ApplySecurityGroupsInput(order=order, security_groups=("sg-3",))
+    )
+    assert again.bmi_ids == []  # idempotent: a retry or the next check changes nothing
+    cleared = await harness.run(harness.acts.apply_security_groups, ApplySecurityGroupsInput(order=order))
+    assert cleared.bmi_ids == [live]
+    assert groups(await harness.lab.get_bmi(live)) == [[]]
 
 
 async def test_resolve_boot_image(harness: Harness) -> None:

@@ -114,8 +114,10 @@ class Stack:
         name: str | None = None,
         release_image: str | None = RELEASE_IMAGE,
         annotations: dict[str, str] | None = None,
+        network: dict[str, Any] | None = None,
     ) -> OrderRef:
-        """`release_image=None`: the order names none (its template's default applies)."""
+        """`release_image=None`: the order names none (its template's default applies); `network`
+        is the order's `spec.networkAttachment`."""
         namespace = namespace or f"t-{uuid.uuid4().hex[:8]}"
         name = name or f"o{uuid.uuid4().hex[:8]}"
         response = await self.hub_http.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
@@ -128,6 +130,7 @@ class Stack:
             "spec": {
                 "templateID": "ocp_4_18_small",
                 **({"releaseImage": release_image} if release_image else {}),
+                **({"networkAttachment": network} if network else {}),
                 "pullSecret": PULL_SECRET,
                 "sshPublicKey": SSH_KEY,
                 "nodeRequests": [
@@ -191,6 +194,17 @@ class Stack:
         response.raise_for_status()
         items: list[dict[str, Any]] = response.json().get("items") or []
         return items
+
+    async def security_groups(self, order: OrderRef) -> dict[str, list[str]]:
+        """The security groups of each BMI of the order (by BMI id), as BMaaS has them."""
+        return {
+            bmi["id"]: [
+                group["id"]
+                for attachment in bmi["spec"].get("network_attachments") or []
+                for group in attachment.get("security_groups") or []
+            ]
+            for bmi in await self.bmis(order)
+        }
 
     async def histories(self, order: OrderRef) -> list[WorkflowHistory]:
         """Every run of the order's workflows (cluster and workers) that visibility lists now."""

@@ -438,3 +438,63 @@ async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_repla
     assert BmaasActivity.FIND_LOST_INSTANCES in scheduled_activities(cluster.events)
     for history in histories:
         await replayer.replay_workflow(history)
+
+
+async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_booted_after(
+    stack: Stack,
+) -> None:
+    """The tenant tightens `securityGroupRefs` on a live order. The next command puts every host of
+    the order in the new groups: the running ones, a new worker's, and the replacement host of a
+    worker started with the old groups."""
+    api = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
+    )
+    order = await stack.create_order(
+        {"bm-standard": 2}, network={"subnetRef": "subnet-a", "securityGroupRefs": ["sg-open"]}
+    )
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=2)])
+    before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
+    assert set(map(tuple, (await stack.security_groups(order)).values())) == {("sg-open",)}
+
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": ["sg-tight"]}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=3)])
+
+    async def all_tight(count: int) -> bool:
+        groups = await stack.security_groups(order)
+        return len(groups) == count and all(g == ["sg-tight"] for g in groups.values())
+
+    await eventually(lambda: all_tight(3), "the running hosts and the new one in the new security groups")
+    await stack.wait_ready(order, 3)
+
+    # A worker started with the old groups gets a new host: it is put in the new groups too.
+    old_worker = order.worker_name(0)
+    (
+        await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before[old_worker]}/break")
+    ).raise_for_status()
+
+    async def replaced() -> bool:
+        status = await stack.api.status(order)
+        workers = {w.name: w for w in status.workers}
+        return status.ready_workers == 3 and workers[old_worker].resource_id not in (None, before[old_worker])
+
+    await eventually(replaced, "the broken host replaced", timeout=120)
+    await eventually(lambda: all_tight(3), "the replacement host in the new security groups")
+
+    histories = await stack.histories(order)
+    cluster = next(h for h in histories if h.workflow_id == cluster_workflow_id(order))
+    assert BmaasActivity.APPLY_SECURITY_GROUPS in scheduled_activities(cluster.events)
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in histories:
+        await replayer.replay_workflow(history)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
