@@ -272,9 +272,15 @@ class ScaleDownWorker(BaseModel):
     name: str
 
 
+# The ClusterOrder CRD: "CurrentWorkers is the number of workers in a non-terminal phase
+# (Provisioning, WaitingForAgent, Binding, or Ready)". A Failed worker holds no host while it backs off.
+CURRENT_PHASES = frozenset(
+    {WorkerPhase.PROVISIONING, WorkerPhase.WAITING_FOR_AGENT, WorkerPhase.BINDING, WorkerPhase.READY}
+)
+
+
 def is_current(phase: WorkerPhase) -> bool:
-    """OSAC's currentWorkers counts workers in non-terminal phases: all but those being removed."""
-    return phase not in (WorkerPhase.UNBINDING, WorkerPhase.DELETING)
+    return phase in CURRENT_PHASES
 
 
 ClusterWorkersInput.model_rebuild()

@@ -301,7 +301,6 @@ class WorkerNodeWorkflow:
                 wait=True,
                 report_on_success=ready,
             )
-            progress.failures_in_a_row = 0
             progress.ready_since = workflow.now()
             if progress.provisioning_since is not None:
                 record_provisioning_duration(slot.order, workflow.now() - progress.provisioning_since)
@@ -398,8 +397,11 @@ class WorkerNodeWorkflow:
     async def _fail(self, failure: AttemptFailed) -> None:
         progress, _ = self._state()
         now = workflow.now()
+        # The backoff starts over only after a Ready that lasted: a worker that fails soon after each
+        # Ready keeps backing off longer. Its Ready ended here, so it counts once.
         if progress.ready_since and now - progress.ready_since >= self._policy().attempt_reset_after_ready:
             progress.failures_in_a_row = 0
+        progress.ready_since = None
         progress.failures_in_a_row += 1
         self._record_failure(failure)
         workflow.logger.warning("worker attempt failed: %s", failure)

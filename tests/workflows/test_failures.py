@@ -18,7 +18,8 @@ from contracts.activities import HubActivity
 from contracts.hub import WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
-from contracts.workflows import worker_workflow_id
+from contracts.workflows import NodeSetRequest, worker_workflow_id
+from starter.api import WorkersApi
 from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
 
 ALL = {"rate": 1.0}
@@ -114,10 +115,54 @@ async def test_no_free_hosts_backs_off_then_recovers(stack: Stack) -> None:
         cond = await eventually(workers_failed_condition, "WorkersFailed=True on the ClusterOrder")
         assert cond["reason"] == "ProvisioningFailed"
         assert await stack.bmis(order) == []  # the failed BMI was released
+
+        # The CRD counts Provisioning, WaitingForAgent, Binding and Ready as current; not Failed.
+        async def published_failed() -> dict[str, Any] | None:
+            published = (await stack.order_object(order)).get("status") or {}
+            workers = published.get("workers") or []
+            return published if workers and workers[0]["phase"] == WorkerPhase.FAILED.value else None
+
+        published = await eventually(published_failed, "the Failed worker on the ClusterOrder")
+        assert (published["desiredWorkers"], published["currentWorkers"]) == (1, 0)
     finally:
         await stack.clear_bmaas_faults()
     status = await stack.wait_ready(order, 1)
     assert status.workers[0].attempt_count >= 2
+    await _clean_decommission(stack, order)
+
+
+async def test_after_a_ready_that_lasted_the_backoff_starts_over_once_then_grows(stack: Stack) -> None:
+    """A worker Ready for `attempt_reset_after_ready` (here at once) loses its host: its backoff
+    starts over at the first step, once. The replacement's failures then back off longer each time,
+    as a worker that never was Ready would: a rack that lost power must not be retried at the
+    shortest interval for ever."""
+    api = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=fast_policy(
+            ready_host_check=timedelta(seconds=1),
+            attempt_reset_after_ready=timedelta(0),
+            no_hosts_backoff=[timedelta(seconds=1), timedelta(seconds=60)],
+            no_hosts_backoff_cap=timedelta(seconds=60),
+        ),
+    )
+    order = await stack.create_order({"bm-standard": 1})
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)])
+    ready = (await stack.wait_ready(order, 1)).workers[0]
+    await stack.set_bmaas_faults(no_free_hosts=True)
+    try:
+        (
+            await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{ready.resource_id}/break")
+        ).raise_for_status()
+        failed = await _failed_with(stack, order, FailureReason.NO_HOSTS_AVAILABLE)
+        # The host loss was failure 1 of this run of failures (backoff started over), this one is
+        # failure 2: the no-hosts table's second step, not its first (1 s).
+        assert failed.attempt_count == 2
+        assert failed.next_retry_time is not None and failed.last_failure_time is not None
+        assert failed.next_retry_time - failed.last_failure_time >= timedelta(seconds=30)
+    finally:
+        await stack.clear_bmaas_faults()
     await _clean_decommission(stack, order)
 
 
