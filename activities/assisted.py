@@ -1128,6 +1128,14 @@ class AssistedActivities:
             else:
                 await self.delete_agent(input.agent)
                 result.deleted.append(input.agent.name)
+        if input.find_handed and input.worker is not None:
+            listing = await self._kube.list_current(
+                AGENTS, input.infraenv.namespace, label_selector=f"{INFRAENV_LABEL}={input.infraenv.name}"
+            )
+            for agent in sorted(listing.items, key=lambda a: str(meta(a).get("name"))):
+                name = str(meta(agent).get("name"))
+                if handed_to(agent, input.worker) and name not in result.handed:
+                    result.handed.append(name)
         if input.macs:
             stale = await self.release_stale_agents(
                 ReleaseStaleAgentsInput(

@@ -598,6 +598,9 @@ class ReleaseAgentInput(CarriesReport):
     # The releasing worker slot: an Agent handed to it is not deleted but returned in `handed`, to
     # be unbound first (a hand-off whose activity was cancelled before the workflow heard of it).
     worker: str | None = None
+    # The worker's workflow was restarted and does not know its Agent or MACs: find the Agents
+    # handed to `worker` by their hand-off label.
+    find_handed: bool = False
 
 
 class ReleasedAgents(BaseModel):

@@ -166,6 +166,10 @@ class WorkerProgress(BaseModel):
     # The registration deadline of the current attempt, set when it starts waiting for its Agent.
     agent_deadline: datetime | None = None
     report_sequence: int = 0  # of the latest status change; see WorkerReport.sequence
+    # Started again by the cluster workflow after its run was stopped from outside (terminated in
+    # the Web UI, say): what that run held is known only from its last report, so the release finds
+    # the Agent handed to the slot by its label and the BMIs by the slot's name.
+    restarted: bool = False
 
 
 class WorkerRevision(IntEnum):

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         ApplySecurityGroupsInput,
         BootImage,
         FindLostInstancesInput,
+        LostInstance,
         LostInstances,
         ResolveBootImageInput,
         SecurityGroupsApplied,
@@ -56,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         SetNodeSets,
         SlotRecord,
         WorkerNodeInput,
+        WorkerProgress,
         WorkerReport,
         WorkerReports,
         WorkerSlotSpec,
@@ -98,6 +100,13 @@ class ClusterPatch(StrEnum):
     # A command reads the order again, and the order's security groups (mutable, unlike its subnet)
     # are put on its BMIs: the ones running, and each one a worker booted with the old groups later.
     SECURITY_GROUPS_FOLLOW_THE_ORDER = "security-groups-follow-the-order"
+    # A command while the first InfraEnv's image is not built (a bad pull secret or SSH key the
+    # tenant then fixed) ensures the InfraEnv again instead of waiting for the old one for ever.
+    FIRST_INFRAENV_FOLLOWS_THE_ORDER = "first-infraenv-follows-the-order"
+    # A worker whose workflow was stopped from outside (terminated in the Web UI, say) is started
+    # again when it is told to leave or that its host is lost, instead of the signal failing this
+    # workflow (scale-down) or being dropped (host lost).
+    STOPPED_WORKERS_RESTARTED = "stopped-workers-restarted"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -339,17 +348,39 @@ class ClusterWorkersWorkflow:
                     "No boot image is linked to this cluster version; no workers are created until it is.",
                 )
                 await self._recheck_later()
-        ensured: EnsureInfraEnvResult | None = None
+        while not self._decommissioning:
+            ensured = await self._ensure_first_infraenv()
+            if ensured is None:
+                return
+            self._set_condition(
+                OrderConditionType.INFRA_ENV_READY,
+                ConditionStatus.FALSE,
+                "WaitingForImage",
+                "Waiting for the discovery image. If this lasts, check spec.pullSecret and spec.sshPublicKey;"
+                " a corrected order is applied.",
+            )
+            if await self._wait_infraenv_ready(ensured.infraenv, until_edited=True):
+                break
+        else:
+            return
+        self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
+        self._events.append(
+            self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {order.infraenv_name} is ready")
+        )
+
+    async def _ensure_first_infraenv(self) -> EnsureInfraEnvResult | None:
+        """The InfraEnv and its pull Secret, waiting (never failing) for a pull secret to use."""
+        order = self._input.order
         while not self._decommissioning:
             try:
                 self._order_edited = False  # the ensure reads the order as it is now
-                ensured = await self._hub(
+                ensured: EnsureInfraEnvResult = await self._hub(
                     HubActivity.ENSURE_INFRAENV,
                     order,
                     EnsureInfraEnvResult,
                     summary=f"Ensure InfraEnv {order.infraenv_name}",
                 )
-                break
+                return ensured
             except ActivityError as err:
                 if not _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
                     raise
@@ -362,13 +393,7 @@ class ClusterWorkersWorkflow:
                     " no workers are created until it is.",
                 )
                 await self._recheck_later()
-        if ensured is None:
-            return
-        infraenv = ensured.infraenv
-        self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.FALSE, "WaitingForImage")
-        await self._wait_infraenv_ready(infraenv)
-        self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
-        self._events.append(self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {infraenv.name} is ready"))
+        return None
 
     async def _workers_release(self) -> str | None:
         """The release the workers boot: the order's `releaseImage`, or, when it names none (its
@@ -396,10 +421,17 @@ class ClusterWorkersWorkflow:
         except TimeoutError:
             pass
 
-    async def _until_decommissioned(self, call: Any) -> Any:
-        """Await a long wait unless a decommission makes it pointless."""
+    async def _until_decommissioned(self, call: Any, *, or_edited: bool = False) -> Any:
+        """Await a long wait unless a decommission makes it pointless (or, with `or_edited`, a
+        command may have changed what it waits for): then stop it and return None."""
         task = asyncio.ensure_future(call)
-        await workflow.wait_condition(lambda: task.done() or self._decommissioning)
+        await workflow.wait_condition(
+            lambda: task.done() or self._decommissioning or (or_edited and self._order_edited)
+        )
+        if not task.done() and not self._decommissioning:
+            # Interrupted by a command. Histories from before the patch kept waiting here.
+            if not workflow.patched(ClusterPatch.FIRST_INFRAENV_FOLLOWS_THE_ORDER.value):
+                await workflow.wait_condition(lambda: task.done() or self._decommissioning)
         if not task.done():
             task.cancel()
             try:
@@ -437,14 +469,7 @@ class ClusterWorkersWorkflow:
         await asyncio.gather(*(self._start_child(slot) for slot in new_slots))
         for slot in victims:
             slot.scale_down_sent = True
-        await asyncio.gather(
-            *(
-                workflow.get_external_workflow_handle(self._child_id(slot)).signal(
-                    WorkerNodeWorkflow.scale_down
-                )
-                for slot in victims
-            )
-        )
+        await asyncio.gather(*(self._tell_worker(slot, None) for slot in victims))
         if new_slots or victims:
             self._status_generation += 1
 
@@ -531,16 +556,20 @@ class ClusterWorkersWorkflow:
         if applied.bmi_ids:
             workflow.logger.info("BMIs %s put in security groups %s", applied.bmi_ids, list(groups))
 
-    async def _wait_infraenv_ready(self, infraenv: InfraEnvRef) -> None:
-        await self._until_decommissioned(
+    async def _wait_infraenv_ready(self, infraenv: InfraEnvRef, *, until_edited: bool = False) -> bool:
+        """True once the discovery image is ready; False when a decommission (or, `until_edited`, a
+        command) stopped the wait first."""
+        ready = await self._until_decommissioned(
             self._hub(
                 HubActivity.WAIT_INFRAENV_READY,
                 infraenv,
                 InfraEnvReady,
                 summary="Wait for the discovery image to be ready",
                 wait=True,
-            )
+            ),
+            or_edited=until_edited,
         )
+        return ready is not None
 
     def _plan(
         self, desired: dict[str, int], *, named_always_leave: bool
@@ -579,8 +608,23 @@ class ClusterWorkersWorkflow:
         self._slots[spec.name] = slot
         return slot
 
-    async def _start_child(self, slot: SlotRecord) -> None:
+    async def _start_child(
+        self, slot: SlotRecord, *, restart: bool = False, scale_down: bool = False
+    ) -> None:
+        """Start the slot's worker; `restart`: again, after its run was stopped from outside, from
+        its last report (its next reports number on from it, so none is taken for a late copy)."""
         order = self._input.order
+        progress = (
+            WorkerProgress(
+                status=slot.status,
+                bmi_id=slot.status.resource_id,
+                scale_down_requested=scale_down,
+                restarted=True,
+                report_sequence=slot.report_sequence,
+            )
+            if restart
+            else None
+        )
         await workflow.start_child_workflow(
             WorkerNodeWorkflow.run,
             WorkerNodeInput(
@@ -589,12 +633,16 @@ class ClusterWorkersWorkflow:
                 bmaas_task_queue=self._input.bmaas_task_queue,
                 parent_workflow_id=cluster_workflow_id(order),
                 revision=CURRENT_WORKER_REVISION,
+                progress=progress,
             ),
             id=self._child_id(slot),
             # Children outlive a continue-as-new of this workflow; they talk to it by workflow id.
             parent_close_policy=ParentClosePolicy.ABANDON,
             search_attributes=worker_start_attributes(
-                order.key, slot.spec.node_set, WorkerPhase.PROVISIONING.value, 1
+                order.key,
+                slot.spec.node_set,
+                slot.status.phase.value if restart else WorkerPhase.PROVISIONING.value,
+                slot.status.attempt_count if restart else 1,
             ),
             static_summary=f"Worker {slot.spec.name} ({slot.spec.instance_type}) of {order.key}",
             static_details=(
@@ -602,6 +650,29 @@ class ClusterWorkersWorkflow:
                 f"Instance type: {slot.spec.instance_type}"
             ),
         )
+
+    async def _tell_worker(self, slot: SlotRecord, lost: LostInstance | None) -> None:
+        """Signal `scale_down` (no `lost`) or `host_lost` to the slot's worker. A worker only ends
+        after a scale-down, so one that is not running while its slot is live was stopped from
+        outside; it is started again to release what its stopped run held (and, for a lost host,
+        to come back on a new one)."""
+        handle = workflow.get_external_workflow_handle(self._child_id(slot))
+        try:
+            if lost is None:
+                await handle.signal(WorkerNodeWorkflow.scale_down)
+            else:
+                await handle.signal(WorkerNodeWorkflow.host_lost, lost)
+            return
+        except ApplicationError as err:
+            if not workflow.patched(ClusterPatch.STOPPED_WORKERS_RESTARTED.value):
+                if lost is None:
+                    raise
+                workflow.logger.warning("could not tell worker %s: %s", slot.spec.name, err)
+                return
+            workflow.logger.warning("worker %s is not running (%s): starting it again", slot.spec.name, err)
+        await self._start_child(slot, restart=True, scale_down=lost is None)
+        if lost is not None:
+            await handle.signal(WorkerNodeWorkflow.host_lost, lost)
 
     def _child_id(self, slot: SlotRecord) -> str:
         return worker_workflow_id(self._input.order, slot.spec.name)
@@ -714,12 +785,7 @@ class ClusterWorkersWorkflow:
             for lost in found.lost:
                 slot = ready[lost.bmi_id]
                 workflow.logger.warning("worker %s lost its host: %s", slot.spec.name, lost.describe())
-                try:
-                    await workflow.get_external_workflow_handle(self._child_id(slot)).signal(
-                        WorkerNodeWorkflow.host_lost, lost
-                    )
-                except ApplicationError as err:  # it ended meanwhile: nothing left to replace
-                    workflow.logger.warning("could not tell worker %s: %s", slot.spec.name, err)
+                await self._tell_worker(slot, lost)
 
     async def _publish_loop(self) -> None:
         """Coalesce status changes into few ClusterOrder writes. Always the same timer, never a

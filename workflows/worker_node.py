@@ -458,7 +458,7 @@ class WorkerNodeWorkflow:
             await self._unbind(agent)  # deletes the Agent and stale registrations once unbound
             progress.agent_name = None
             progress.agent_handed = False
-        elif agent is not None or progress.macs:
+        elif agent is not None or progress.macs or progress.restarted:
             released = await self._hub(
                 HubActivity.RELEASE_AGENT,
                 ReleaseAgentInput(
@@ -467,6 +467,7 @@ class WorkerNodeWorkflow:
                     order=slot.order,
                     macs=progress.macs,
                     worker=slot.name,
+                    find_handed=progress.restarted,
                 ),
                 ReleasedAgents,
                 summary=f"Delete the agent registrations of the host of {slot.name}",
@@ -487,6 +488,7 @@ class WorkerNodeWorkflow:
         progress.macs = []
         progress.agent_deadline = None
         progress.status.resource_id = None
+        progress.restarted = False  # whatever the stopped run held is released now
 
     async def _wait_gone(self, bmi_id: str, last_of_slot: bool) -> None:
         """Block until BMaaS confirms the host is wiped and released. A wipe that takes too long is
@@ -554,7 +556,7 @@ class WorkerNodeWorkflow:
     async def _bmis_of_slot(self) -> list[str]:
         """The BMIs to release: the known one, or any a cancelled create may have left behind."""
         progress, slot = self._state()
-        if progress.bmi_id is not None:
+        if progress.bmi_id is not None and not progress.restarted:
             return [progress.bmi_id]
         found = await self._bmaas(
             BmaasActivity.LIST_ORDER_INSTANCES,
@@ -562,7 +564,8 @@ class WorkerNodeWorkflow:
             OrderInstances,
             summary=f"Look for a BMI of {slot.name} left by an interrupted create",
         )
-        return sorted(i.id for i in found.instances if i.name == slot.name)
+        known = [progress.bmi_id] if progress.bmi_id is not None else []
+        return sorted({*known, *(i.id for i in found.instances if i.name == slot.name)})
 
     # ------------------------------------------------------------------------------- helpers
 

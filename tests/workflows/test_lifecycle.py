@@ -7,6 +7,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -390,6 +391,47 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
     assert await stack.bmis(order) == []
 
 
+async def test_a_pull_secret_fixed_while_the_first_image_cannot_be_built_is_applied(stack: Stack) -> None:
+    """An order whose pull secret is no pull secret: its discovery image is never built. The tenant
+    fixes the order, and the next command ensures the InfraEnv again instead of waiting for the first
+    image for ever."""
+    order = await stack.create_order({"bm-standard": 1})
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"pullSecret": "not-a-docker-config"}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def waiting_for_image() -> dict[str, Any] | None:
+        conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
+        found = [c for c in conditions if c["type"] == "InfraEnvReady" and c["reason"] == "WaitingForImage"]
+        return found[0] if found else None
+
+    condition = await eventually(waiting_for_image, "InfraEnvReady=False/WaitingForImage")
+    assert condition["status"] == "False" and "spec.pullSecret" in condition["message"]
+    assert await stack.bmis(order) == []
+
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"pullSecret": PULL_SECRET}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 1})  # the controller's command for the new generation
+    await stack.wait_ready(order, 1)
+    assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET
+    histories = await stack.histories(order)
+    assert "not-a-docker-config" not in json.dumps([h.to_json_dict() for h in histories])
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in histories:
+        await replayer.replay_workflow(history)
+    await stack.decommission_and_wait(order)
+
+
 async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_replaced(stack: Stack) -> None:
     """A Ready worker waits only for its scale-down; its host can still break (the BMI turns FAILED)
     or be deleted behind our back. The cluster workflow's check finds both: each worker fails with
@@ -498,3 +540,46 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
         await replayer.replay_workflow(history)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_workers_terminated_from_outside_are_started_again_to_release_their_hosts(stack: Stack) -> None:
+    """An operator terminates two Ready workers' workflows in the Web UI. The order's workflow does
+    not fail when it next tells them something: the one whose host breaks is started again, releases
+    that host and comes back on a new one; at decommission the other is started again to unbind its
+    Agent and give back its host, wiped. Nothing is left behind."""
+    api = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
+    )
+    order = await stack.create_order({"bm-standard": 3})
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=3)])
+    before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
+    leaves, breaks, _untouched = (order.worker_name(i) for i in range(3))
+    for name in (leaves, breaks):
+        await stack.client.get_workflow_handle(worker_workflow_id(order, name)).terminate(reason="test")
+    (await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before[breaks]}/break")).raise_for_status()
+
+    async def replaced() -> WorkerStatus | None:
+        status = await stack.api.status(order)
+        worker = next(w for w in status.workers if w.name == breaks)
+        moved = worker.resource_id not in (None, before[breaks])
+        return worker if status.ready_workers == 3 and moved else None
+
+    worker = await eventually(replaced, "the terminated worker's broken host replaced", timeout=120)
+    assert worker.attempt_count == 2 and worker.last_failure_reason == FailureReason.HOST_LOST
+    wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    assert before[breaks] in wiped
+
+    await stack.decommission_and_wait(order)  # the other terminated worker is started again to leave
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    assert before[leaves] in wiped
+    assert await stack.audit_violations() == []
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in await stack.histories(order):
+        await replayer.replay_workflow(history)
