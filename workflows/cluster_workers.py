@@ -107,6 +107,9 @@ class ClusterPatch(StrEnum):
     # again when it is told to leave or that its host is lost, instead of the signal failing this
     # workflow (scale-down) or being dropped (host lost).
     STOPPED_WORKERS_RESTARTED = "stopped-workers-restarted"
+    # A host found lost is told to its worker only if the worker is still Ready on it when the check
+    # returns: one that a scale-down made leave meanwhile is deleting that BMI itself.
+    LOST_HOSTS_TOLD_IF_STILL_READY = "lost-hosts-told-if-still-ready"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -664,7 +667,8 @@ class ClusterWorkersWorkflow:
                 await handle.signal(WorkerNodeWorkflow.host_lost, lost)
             return
         except ApplicationError as err:
-            if not workflow.patched(ClusterPatch.STOPPED_WORKERS_RESTARTED.value):
+            # Only a live slot's worker is started again; a deleted one's ended as it should.
+            if slot.deleted or not workflow.patched(ClusterPatch.STOPPED_WORKERS_RESTARTED.value):
                 if lost is None:
                     raise
                 workflow.logger.warning("could not tell worker %s: %s", slot.spec.name, err)
@@ -784,6 +788,10 @@ class ClusterWorkersWorkflow:
                 continue
             for lost in found.lost:
                 slot = ready[lost.bmi_id]
+                if lost.bmi_id not in self._ready_bmis() and workflow.patched(
+                    ClusterPatch.LOST_HOSTS_TOLD_IF_STILL_READY.value
+                ):
+                    continue
                 workflow.logger.warning("worker %s lost its host: %s", slot.spec.name, lost.describe())
                 await self._tell_worker(slot, lost)
 

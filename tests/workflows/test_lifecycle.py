@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -583,3 +584,64 @@ async def test_workers_terminated_from_outside_are_started_again_to_release_thei
     )
     for history in await stack.histories(order):
         await replayer.replay_workflow(history)
+
+
+async def test_a_host_check_that_returns_after_a_scale_down_does_not_tell_the_departing_worker(
+    stack: Stack,
+) -> None:
+    """The check of the Ready workers' hosts lists the order's BMIs; a scale-down can start while
+    the list is on its way, and its worker's BMI is then DELETING by our own hand. That worker is
+    not told its host was lost (the chaos run's invariant caught it being told)."""
+    api = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
+    )
+    order = await stack.create_order({"bm-standard": 2})
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=2)])
+    before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
+    leaving, staying = order.worker_name(0), order.worker_name(1)
+    cluster = stack.client.get_workflow_handle(cluster_workflow_id(order))
+    # The next check's list hangs until the faults change.
+    await stack.set_bmaas_faults(routes={"GET /api/private/v1/baremetal_instances": {"hang_rate": 1.0}})
+    try:
+
+        async def check_in_flight() -> bool:
+            pending = (await cluster.describe()).raw_description.pending_activities
+            return any(p.activity_type.name == BmaasActivity.FIND_LOST_INSTANCES for p in pending)
+
+        await eventually(check_in_flight, "a check of the Ready workers' hosts waiting for its list")
+        await stack.api.scale_down_worker(order, leaving)
+
+        async def deleting() -> bool:
+            response = await stack.bmaas_http.get(f"/api/private/v1/baremetal_instances/{before[leaving]}")
+            return response.status_code == 404 or response.json()["status"]["state"].endswith("DELETING")
+
+        await eventually(deleting, "the departing worker's BMI being deleted")
+    finally:
+        await stack.clear_bmaas_faults()  # the hung list is answered 503 and made again
+
+    async def gone() -> bool:
+        status = await stack.api.status(order)
+        return [w.name for w in status.workers] == [staying] and status.ready_workers == 1
+
+    await eventually(gone, "the departing worker gone and the other Ready")
+
+    async def checked_after() -> bool:
+        events = (await cluster.fetch_history()).events
+        completed = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
+        return scheduled_activities(events).count(BmaasActivity.FIND_LOST_INSTANCES) >= 2 and bool(completed)
+
+    await eventually(checked_after, "the hung check answered and another made")
+    told = [
+        e
+        for e in (await cluster.fetch_history()).events
+        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED
+        and e.signal_external_workflow_execution_initiated_event_attributes.signal_name == "host_lost"
+    ]
+    assert told == []
+    status = await stack.api.status(order)
+    assert status.workers[0].resource_id == before[staying] and status.workers[0].attempt_count == 1
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
