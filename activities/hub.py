@@ -30,6 +30,7 @@ from activities.kube import (
     MACHINES,
     NODE_POOLS,
     HubAlreadyExists,
+    HubApiError,
     HubConflict,
     HubKube,
     HubNotFound,
@@ -617,6 +618,13 @@ class HubActivities:
             except (HubUnavailable, HubConflict):
                 if attempt + 1 < EVENT_WRITE_ATTEMPTS:
                     await asyncio.sleep(conflict_backoff(attempt))
+            except HubApiError as err:
+                # Refused for good (a namespace being deleted forbids new objects; a quota, a
+                # webhook): retrying would hold the status, and a decommission's end, behind it.
+                activity.logger.warning(
+                    "dropped Event %s on ClusterOrder %s: %s", event.reason.value, event.order.key, err.type
+                )
+                return None
         activity.logger.warning(
             "dropped Event %s on ClusterOrder %s after %d attempts",
             event.reason.value,

@@ -368,3 +368,20 @@ async def test_failing_event_writes_never_hold_the_status_back(api, api_hub_acts
         api.set_faults({})
     assert (lost.changed, lost.events_written, lost.events_dropped) == (True, 0, 1)
     assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 2
+    # Refused for good: the namespace is being deleted (our finalizer holds the order, so it stays
+    # Terminating), and the hub forbids new objects in it with a 403. Each Event is dropped at its
+    # first refusal, not retried, and the status still goes out: a decommission's last write must
+    # not wait on Events that can never be written.
+    api.patch(
+        "ClusterOrder", "order-1", {"metadata": {"finalizers": ["osac.openshift.io/baremetal-workers"]}}
+    )
+    api.http.delete(f"/api/v1/namespaces/{api.ns}").raise_for_status()
+    creates = api.requests_by(kit.worker_user, "create", "events")
+    refused = await kit.run()(
+        api_hub_acts.publish_order_status,
+        publish_input(api, ready=0).model_copy(update={"events": events}),
+    )
+    assert (refused.changed, refused.events_written, refused.events_dropped) == (True, 0, 3)
+    assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 0
+    assert api.requests_by(kit.worker_user, "create", "events") - creates == 3  # one try each
+    api.patch("ClusterOrder", "order-1", {"metadata": {"finalizers": None}})

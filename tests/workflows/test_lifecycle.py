@@ -645,3 +645,22 @@ async def test_a_host_check_that_returns_after_a_scale_down_does_not_tell_the_de
     assert status.workers[0].resource_id == before[staying] and status.workers[0].attempt_count == 1
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_an_order_whose_namespace_is_deleted_is_decommissioned_to_the_end(stack: Stack) -> None:
+    """The tenant deletes the order's namespace: the hub forbids new objects there (so every Event
+    write is refused), yet the decommission runs to its end and the workflow completes, so the
+    controller can drop its finalizer and the namespace can go."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+    finalizer = {"metadata": {"finalizers": ["osac.openshift.io/baremetal-workers"]}}
+    merge = {"Content-Type": "application/merge-patch+json"}
+    (await stack.hub_http.patch(path, json=finalizer, headers=merge)).raise_for_status()
+    (await stack.hub_http.delete(f"/api/v1/namespaces/{order.namespace}")).raise_for_status()
+    await stack.decommission_and_wait(order, timeout=120)  # waits on the workflow's own end
+    assert await stack.bmis(order) == []
+    (
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+    ).raise_for_status()
