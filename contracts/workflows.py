@@ -255,6 +255,11 @@ class ClusterWorkersCarried(BaseModel):
     order_generation: int | None = None
     # The order's security groups were still to be put on some of its BMIs.
     security_groups_pending: bool = False
+    # Continued as new while waiting for a prerequisite (`facts` and `cluster` may be set already).
+    preparing: bool = False
+    # A command arrived that the previous run had not yet brought the InfraEnv and the security
+    # groups in line with (it continued as new first).
+    order_edited: bool = False
 
 
 class ClusterWorkersStatus(BaseModel):

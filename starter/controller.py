@@ -370,13 +370,13 @@ class ClusterOrderController:
                 self._await_finished(key, ref)
                 return self._decommission_poll
             if problem is not None:
-                await self._reject(ref, problem, obj)
+                await self._reject(ref, problem, obj, generation(obj))
                 return None
             # Same counts: apply only an edit the workflow has not seen (its InfraEnv follows the
             # order). Another controller may have applied it a moment ago, before its condition.
             seen = (status.order_generation or 0) >= (generation(obj) or 0)
             if same_node_sets(status.node_sets, desired) and (_accepted_at(obj) is not None or seen):
-                await self._accepted(ref, obj, desired)
+                await self._accepted(ref, obj, desired, generation(obj))
                 return None
             observed = status.node_sets
         else:
@@ -388,7 +388,7 @@ class ClusterOrderController:
                     desired, instance_types, self._api.max_workers_per_order, order=ref
                 )
             if problem is not None:
-                await self._reject(ref, problem, obj)
+                await self._reject(ref, problem, obj, generation(obj))
                 return None
         # The finalizer comes before the workflow, so no workflow can exist for an order that is
         # deleted without us noticing.
@@ -408,7 +408,7 @@ class ClusterOrderController:
                 order_generation=generation(obj),
             )
         except CommandError as err:
-            await self._reject(ref, str(err))
+            await self._reject(ref, str(err), None, generation(obj))
             return None
         self.stats.applies += 1
         log.info(
@@ -416,12 +416,13 @@ class ClusterOrderController:
             ref.key,
             ", ".join(f"{n.name}={n.count}" for n in desired) or "none",
         )
-        await self._accepted(ref, None, desired)
+        await self._accepted(ref, None, desired, generation(obj))
         return None
 
     async def _accepted(
-        self, ref: OrderRef, obj: KubeObject | None, desired: Sequence[NodeSetRequest]
+        self, ref: OrderRef, obj: KubeObject | None, desired: Sequence[NodeSetRequest], applied: int | None
     ) -> None:
+        """`applied`: the generation whose node requests were applied (a later edit is not)."""
         message = "Bare-metal node requests applied: " + (
             ", ".join(f"{n.name}={n.count}" for n in sorted(desired, key=lambda n: n.name)) or "none"
         )
@@ -431,6 +432,7 @@ class ClusterOrderController:
             ConditionStatus.TRUE,
             ConditionReason.ACCEPTED,
             message,
+            observed_generation=applied,
         )
         if obj is None or condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED) is not None:
             await self._orders.clear_condition(ref, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
@@ -461,7 +463,10 @@ class ClusterOrderController:
             " name; ClusterOrder names are OSAC order ids and must be unique across namespaces"
         )
 
-    async def _reject(self, ref: OrderRef, problem: str, obj: KubeObject | None = None) -> None:
+    async def _reject(
+        self, ref: OrderRef, problem: str, obj: KubeObject | None = None, judged: int | None = None
+    ) -> None:
+        """`judged`: the generation found invalid (a later edit may fix it and is not stamped)."""
         self.stats.rejections += 1
         log.info("order %s: node requests rejected: %s", ref.key, problem)
         await self._orders.set_condition(
@@ -471,6 +476,7 @@ class ClusterOrderController:
             ConditionReason.INVALID,
             problem,
             obj,
+            observed_generation=judged,
         )
 
     async def _workflow_stopped(self, ref: OrderRef, state: WorkflowState, obj: KubeObject | None) -> None:

@@ -169,13 +169,17 @@ class HubOrders:
         reason: str,
         message: str,
         obj: KubeObject | None = None,
+        *,
+        observed_generation: int | None = None,
     ) -> None:
-        """Set one condition (observedGeneration = the order's generation); no write if it says so already."""
+        """Set one condition; no write if it says so already. observedGeneration is the generation
+        the decision was made on (`observed_generation`), else the order's as read for the write: an
+        edit that came in between must not be stamped as seen."""
         wanted = Condition(type=kind.value, status=status, reason=reason, message=message)
 
         async def change(current: KubeObject) -> bool:
             existing = condition(current, kind.value)
-            gen = generation(current)
+            gen = observed_generation if observed_generation is not None else generation(current)
             if (
                 existing is not None
                 and existing.get("status") == status.value

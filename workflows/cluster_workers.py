@@ -110,6 +110,9 @@ class ClusterPatch(StrEnum):
     # A host found lost is told to its worker only if the worker is still Ready on it when the check
     # returns: one that a scale-down made leave meanwhile is deleting that BMI itself.
     LOST_HOSTS_TOLD_IF_STILL_READY = "lost-hosts-told-if-still-ready"
+    # An order waiting for a prerequisite (a boot image, a pull secret, a release) for days
+    # continues as new from that wait, before the server's history limit ends the workflow.
+    PREREQUISITE_WAIT_CONTINUES_AS_NEW = "prerequisite-wait-continues-as-new"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -145,7 +148,7 @@ class ClusterWorkersWorkflow:
         self._published_generation = 0
         self._finished = False
         # A command arrived since the InfraEnv was last brought in line with the order.
-        self._order_edited = False
+        self._order_edited = carried.order_edited
         # The order's security groups are to be put on its BMIs (they changed, or a worker started
         # with the old ones reported a new BMI) while this is above the last generation applied.
         self._security_groups_wanted = 1 if carried.security_groups_pending else 0
@@ -154,6 +157,9 @@ class ClusterWorkersWorkflow:
         self._cluster_release = carried.cluster_release
         self._order_generation = carried.order_generation
         self._facts: OrderFacts | None = carried.facts
+        # The previous run continued as new while still preparing: prepare again from the start.
+        self._preparing = carried.preparing
+        self._publisher: asyncio.Future[None] | None = None
         for condition in carried.conditions:
             self._conditions[OrderConditionType(condition.type)] = condition
 
@@ -263,13 +269,15 @@ class ClusterWorkersWorkflow:
     async def run(self, inp: ClusterWorkersInput) -> ClusterWorkersStatus:
         order = inp.order
         workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
-        publisher = asyncio.ensure_future(self._publish_loop())
+        publisher = self._publisher = asyncio.ensure_future(self._publish_loop())
         host_check = asyncio.ensure_future(self._check_ready_hosts())
         security_groups = asyncio.ensure_future(self._keep_security_groups())
 
-        prepared = self._facts is not None and self._cluster is not None
+        prepared = self._facts is not None and self._cluster is not None and not self._preparing
         if not prepared and (not self._decommissioning or self._slots):
+            self._preparing = True
             await self._prepare()
+            self._preparing = False
 
         while True:
             self._changed = False
@@ -415,7 +423,8 @@ class ClusterWorkersWorkflow:
         return self._cluster_release
 
     async def _recheck_later(self) -> None:
-        """Sit out a missing prerequisite until a command arrives or the recheck interval passes."""
+        """Sit out a missing prerequisite until a command arrives or the recheck interval passes.
+        Each recheck adds to the history: a wait of days continues as new from here."""
         self._changed = False
         try:
             await workflow.wait_condition(
@@ -423,6 +432,11 @@ class ClusterWorkersWorkflow:
             )
         except TimeoutError:
             pass
+        if workflow.info().is_continue_as_new_suggested() and workflow.patched(
+            ClusterPatch.PREREQUISITE_WAIT_CONTINUES_AS_NEW.value
+        ):
+            assert self._publisher is not None
+            await self._continue_as_new(self._publisher)
 
     async def _until_decommissioned(self, call: Any, *, or_edited: bool = False) -> Any:
         """Await a long wait unless a decommission makes it pointless (or, with `or_edited`, a
@@ -853,6 +867,8 @@ class ClusterWorkersWorkflow:
             cluster_release=self._cluster_release,
             order_generation=self._order_generation,
             security_groups_pending=self._security_groups_wanted > self._security_groups_applied,
+            preparing=self._preparing,
+            order_edited=self._order_edited,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(

@@ -22,7 +22,7 @@ from activities.kube import HubKube
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.workflows import CONFIRM_SCALE_DOWN_ANNOTATION, ClusterWorkersStatus, cluster_workflow_id
-from starter.api import OrderNotFound, WorkflowState
+from starter.api import OrderNotFound, WorkersApi, WorkflowState
 from starter.controller import ClusterOrderController
 from starter.validation import InstanceTypeCatalog
 from tests.workflows.stack import CLUSTER_ORDERS, PULL_SECRET, RELEASE_IMAGE, Stack, eventually
@@ -48,12 +48,15 @@ class RunningController:
         await self.kube.close()
 
 
-async def start_controller(stack: Stack, *, resync_seconds: float = 300.0) -> RunningController:
+async def start_controller(
+    stack: Stack, *, resync_seconds: float = 300.0, api: WorkersApi | None = None
+) -> RunningController:
+    """`api`: what the controller drives (the stack's library API by default)."""
     kube = HubKube.from_kubeconfig(str(stack.lab.hub.kubeconfig))
     bmaas = BmaasClient(stack.settings.fulfillment_url, stack.settings.fulfillment_token_file)
     controller = ClusterOrderController(
         kube,
-        stack.api,
+        api or stack.api,
         InstanceTypeCatalog(bmaas),
         resync_seconds=resync_seconds,
         error_backoff=(0.2, 2.0),

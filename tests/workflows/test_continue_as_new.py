@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from contracts.workflows import cluster_workflow_id, worker_workflow_id
+from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
+from starter.api import WorkersApi
 from tests.conftest import start_dev_server
-from tests.workflows.stack import Stack, eventually, running_stack
+from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -73,3 +75,44 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []
+
+
+async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_still_waits(
+    stack: Stack,
+) -> None:
+    """Each recheck of a missing prerequisite adds to the cluster workflow's history; a wait of
+    days would reach the server's history limit, which ends the workflow. It continues as new from
+    the wait instead, and the new run still waits (nothing is started) until the image is linked."""
+    api = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=fast_policy(prerequisite_recheck=timedelta(seconds=0.2)),
+    )
+    release = "quay.io/openshift-release-dev/ocp-release:4.20.0-x86_64"
+    order = await stack.create_order({"bm-standard": 1}, release_image=release)
+    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)])
+    cluster_id = cluster_workflow_id(order)
+
+    async def continued_twice() -> bool:
+        runs = await _runs(stack, cluster_id)
+        return runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 2
+
+    await eventually(continued_twice, "the waiting cluster workflow to continue as new")
+    status = await stack.api.status(order)
+    assert status.workers == [] and await stack.bmis(order) == []
+    missing = next(c for c in status.conditions if c.type == "RHCOSImageNotFound")
+    assert missing.status == "True"
+
+    images = (await stack.bmaas_http.get("/api/private/v1/disk_images")).json()["items"]
+    response = await stack.bmaas_http.post(
+        "/api/private/v1/cluster_versions",
+        json={
+            "metadata": {"name": "4.20.0"},
+            "spec": {"image": release, "version": "4.20.0", "disk_image": images[0]["id"]},
+        },
+    )
+    response.raise_for_status()
+    await stack.wait_ready(order, 1)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
