@@ -76,6 +76,8 @@ T = TypeVar("T")
 
 # RHCOSImageNotFound's reason while the release to find the image of is not known yet.
 RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
+# A prerequisite's request was refused for good (not a missing input of the order): asked again.
+REQUEST_REFUSED = "RequestRefused"
 
 
 class CommandRejected(ValueError):
@@ -348,16 +350,30 @@ class ClusterWorkersWorkflow:
                 self._set_condition(
                     OrderConditionType.RHCOS_IMAGE_NOT_FOUND, ConditionStatus.FALSE, "BootImageFound"
                 )
+                if OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE in self._conditions:
+                    self._set_condition(
+                        OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE, ConditionStatus.FALSE, "Available"
+                    )
                 break
             except ActivityError as err:
-                if not _is_type(err, FailureReason.RHCOS_IMAGE_NOT_FOUND.value):
-                    raise
-                self._set_condition(
-                    OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
-                    ConditionStatus.TRUE,
-                    FailureReason.RHCOS_IMAGE_NOT_FOUND.value,
-                    "No boot image is linked to this cluster version; no workers are created until it is.",
-                )
+                if _is_type(err, FailureReason.RHCOS_IMAGE_NOT_FOUND.value):
+                    self._set_condition(
+                        OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
+                        ConditionStatus.TRUE,
+                        FailureReason.RHCOS_IMAGE_NOT_FOUND.value,
+                        "No boot image is linked to this cluster version;"
+                        " no workers are created until it is.",
+                    )
+                else:
+                    # Refused for good by BMaaS (a token rotated before its file, a permission a
+                    # rollout forgot): one order's workflow failing would strand it; wait and ask again.
+                    workflow.logger.warning("resolving the boot image was refused: %s", err.cause or err)
+                    self._set_condition(
+                        OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE,
+                        ConditionStatus.TRUE,
+                        REQUEST_REFUSED,
+                        "The bare-metal service refused a request; no workers are created until it answers.",
+                    )
                 await self._recheck_later()
         while not self._decommissioning:
             ensured = await self._ensure_first_infraenv()
@@ -393,16 +409,26 @@ class ClusterWorkersWorkflow:
                 )
                 return ensured
             except ActivityError as err:
-                if not _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
-                    raise
-                # The tenant can add it to the ClusterOrder at any time: wait for it, never fail.
-                self._set_condition(
-                    OrderConditionType.INFRA_ENV_READY,
-                    ConditionStatus.FALSE,
-                    HubErrorType.PULL_SECRET_MISSING.value,
-                    "spec.pullSecret is not set and no default pull secret is configured;"
-                    " no workers are created until it is.",
-                )
+                if _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
+                    # The tenant can add it to the ClusterOrder at any time: wait for it, never fail.
+                    self._set_condition(
+                        OrderConditionType.INFRA_ENV_READY,
+                        ConditionStatus.FALSE,
+                        HubErrorType.PULL_SECRET_MISSING.value,
+                        "spec.pullSecret is not set and no default pull secret is configured;"
+                        " no workers are created until it is.",
+                    )
+                else:
+                    # Refused for good by the hub (a namespace being deleted forbids new objects, a
+                    # quota, a webhook): the order's deletion or a fix must still find this workflow.
+                    workflow.logger.warning("ensuring the InfraEnv was refused: %s", err.cause or err)
+                    self._set_condition(
+                        OrderConditionType.INFRA_ENV_READY,
+                        ConditionStatus.FALSE,
+                        REQUEST_REFUSED,
+                        "The hub refused the InfraEnv or its pull Secret; no workers are created until it"
+                        " accepts them.",
+                    )
                 await self._recheck_later()
         return None
 

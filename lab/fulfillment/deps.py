@@ -62,7 +62,7 @@ async def count_and_inject_faults(request: Request) -> None:
         await lab.faults.wait_until_released()
         raise ApiError.unavailable("lab fault: the request hung and was released")
     if fault.error:
-        raise ApiError.unavailable("lab fault: injected error")
+        raise ApiError(fault.error_code, "lab fault: injected error")
 
 
 async def read_json(request: Request) -> Any:

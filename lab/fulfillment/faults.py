@@ -9,6 +9,7 @@ resets it to no faults):
       "hang_rate": 0.0,         # share of API requests that never answer (see below)
       "routes": {               # per-route knobs; an entry replaces the three above for that route
         "POST /api/private/v1/baremetal_instances": {"error_rate": 1.0, "latency_s": 0, "hang_rate": 0},
+        "GET /api/private/v1/cluster_versions": {"error_rate": 1.0, "error_code": 7},  # 403
         "/api/private/v1/events/watch": {"hang_rate": 1.0}       # no method = every method
       },
       "provisioning_failure_rate": 0.0,  # share of allocated BMIs that end FAILED instead of RUNNING
@@ -34,6 +35,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lab.fulfillment.errors import GrpcCode
+
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -43,6 +46,9 @@ class RouteFault(BaseModel):
     error_rate: float = Field(default=0.0, ge=0, le=1)
     latency_s: float = Field(default=0.0, ge=0)
     hang_rate: float = Field(default=0.0, ge=0, le=1)
+    # The gRPC code of the injected errors: 14 Unavailable (503) unless a route asks for another,
+    # such as 7 PermissionDenied (403) or 16 Unauthenticated (401).
+    error_code: GrpcCode = GrpcCode.UNAVAILABLE
 
 
 class FaultConfig(BaseModel):
@@ -73,6 +79,7 @@ class RequestFault:
     latency_s: float = 0.0
     hang: bool = False
     error: bool = False
+    error_code: GrpcCode = GrpcCode.UNAVAILABLE
 
 
 class FaultInjector:
@@ -129,7 +136,12 @@ class FaultInjector:
     def for_request(self, method: str, route: str) -> RequestFault:
         knobs = self._route_fault(method, route)
         hang = not self._closed and self._roll(knobs.hang_rate)
-        return RequestFault(latency_s=knobs.latency_s, hang=hang, error=self._roll(knobs.error_rate))
+        return RequestFault(
+            latency_s=knobs.latency_s,
+            hang=hang,
+            error=self._roll(knobs.error_rate),
+            error_code=knobs.error_code,
+        )
 
     async def wait_until_released(self) -> None:
         await self._hang_gate.wait()

@@ -330,6 +330,36 @@ async def test_missing_boot_image_creates_nothing_until_linked(stack: Stack) -> 
     await _clean_decommission(stack, order)
 
 
+async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stack: Stack) -> None:
+    """BMaaS refuses a request for good (403: a permission a rollout forgot) while the order's
+    workflow looks up its boot image. The order shows it and asks again; once BMaaS answers, the
+    workers come. The workflow never fails (a failed one would strand the order)."""
+    await stack.set_bmaas_faults(
+        routes={"GET /api/private/v1/cluster_versions": {"error_rate": 1.0, "error_code": 7}}
+    )
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+
+        async def refused() -> dict[str, Any] | None:
+            cond = await _condition(stack, order, "FulfillmentServiceUnavailable")
+            return cond if cond and cond["status"] == "True" else None
+
+        cond = await eventually(refused, "FulfillmentServiceUnavailable=True on the ClusterOrder")
+        assert cond["reason"] == "RequestRefused"
+        assert await stack.bmis(order) == []
+    finally:
+        await stack.clear_bmaas_faults()
+    await stack.wait_ready(order, 1)
+
+    async def answered() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "FulfillmentServiceUnavailable")
+        return cond if cond and cond["status"] == "False" else None
+
+    await eventually(answered, "FulfillmentServiceUnavailable=False once BMaaS answers")
+    await _clean_decommission(stack, order)
+
+
 async def test_tenant_facing_text_never_leaks_backend_detail(stack: Stack) -> None:
     """Runs last: everything the failure tests above showed on their ClusterOrders."""
     messages = {m for m in TENANT_MESSAGES_SEEN if m}

@@ -664,3 +664,33 @@ async def test_an_order_whose_namespace_is_deleted_is_decommissioned_to_the_end(
     (
         await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
     ).raise_for_status()
+
+
+async def test_an_infraenv_the_hub_refuses_waits_and_the_orders_deletion_still_ends_it(stack: Stack) -> None:
+    """The tenant deletes the namespace while the order's workflow prepares: the hub forbids the
+    InfraEnv's Secret (403). The workflow does not fail (a failed one keeps the finalizer until an
+    operator looks): it shows the refusal, asks again, and the decommission ends it."""
+    order = await stack.create_order({"bm-standard": 1})
+
+    async def provisioned() -> bool:
+        return bool((await stack.order_object(order)).get("status", {}).get("clusterReference"))
+
+    await eventually(provisioned, "the hosted cluster provisioned")
+    path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    finalizer = {"metadata": {"finalizers": ["osac.openshift.io/baremetal-workers"]}}
+    (await stack.hub_http.patch(path, json=finalizer, headers=merge)).raise_for_status()
+    (await stack.hub_http.delete(f"/api/v1/namespaces/{order.namespace}")).raise_for_status()
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def refused() -> dict[str, Any] | None:
+        status = await stack.api.status(order)
+        found = [c for c in status.conditions if c.type == "InfraEnvReady" and c.reason == "RequestRefused"]
+        return found[0].model_dump() if found else None
+
+    await eventually(refused, "InfraEnvReady=False/RequestRefused")
+    await stack.decommission_and_wait(order, timeout=120)
+    assert await stack.bmis(order) == []
+    (
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+    ).raise_for_status()

@@ -24,7 +24,12 @@ def test_fault_config_round_trip(admin: httpx.Client) -> None:
     assert empty["error_rate"] == 0 and empty["routes"] == {} and empty["wipe_failure_hosts"] == []
     put = admin.put("/lab/v1/faults", json={"error_rate": 0.25, "routes": {LIST_ROUTE: {"latency_s": 0.1}}})
     assert put.status_code == 200, put.text
-    assert put.json()["routes"][LIST_ROUTE] == {"error_rate": 0.0, "latency_s": 0.1, "hang_rate": 0.0}
+    assert put.json()["routes"][LIST_ROUTE] == {
+        "error_rate": 0.0,
+        "latency_s": 0.1,
+        "hang_rate": 0.0,
+        "error_code": 14,
+    }
     patched = admin.patch("/lab/v1/faults", json={"no_free_hosts": True}).json()
     assert patched["error_rate"] == 0.25 and patched["no_free_hosts"] is True
     for bad, field in (
@@ -67,6 +72,11 @@ def test_error_rate_per_route(admin: httpx.Client, api: Api) -> None:
     api.faults(error_rate=1.0, routes={"/api/private/v1/disk_images": {}})
     assert admin.get("/api/private/v1/disk_images").status_code == 200
     assert admin.get("/api/private/v1/cluster_versions").status_code == 503
+    # Another gRPC code than Unavailable, for errors a client must not retry.
+    api.faults(routes={f"GET {BMI}": {"error_rate": 1.0, "error_code": 7}})
+    refused = admin.get(BMI)
+    assert refused.status_code == 403 and refused.json()["code"] == 7
+    assert admin.patch("/lab/v1/faults", json={"routes": {BMI: {"error_code": 99}}}).status_code == 400
 
 
 def test_seeded_error_rate_is_repeatable(admin: httpx.Client, api: Api) -> None:
