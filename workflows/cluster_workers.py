@@ -367,11 +367,10 @@ class ClusterWorkersWorkflow:
                 else:
                     # Refused for good by BMaaS (a token rotated before its file, a permission a
                     # rollout forgot): one order's workflow failing would strand it; wait and ask again.
-                    workflow.logger.warning("resolving the boot image was refused: %s", err.cause or err)
-                    self._set_condition(
+                    self._show_refusal(
+                        err,
                         OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE,
                         ConditionStatus.TRUE,
-                        REQUEST_REFUSED,
                         "The bare-metal service refused a request; no workers are created until it answers.",
                     )
                 await self._recheck_later()
@@ -421,16 +420,22 @@ class ClusterWorkersWorkflow:
                 else:
                     # Refused for good by the hub (a namespace being deleted forbids new objects, a
                     # quota, a webhook): the order's deletion or a fix must still find this workflow.
-                    workflow.logger.warning("ensuring the InfraEnv was refused: %s", err.cause or err)
-                    self._set_condition(
+                    self._show_refusal(
+                        err,
                         OrderConditionType.INFRA_ENV_READY,
                         ConditionStatus.FALSE,
-                        REQUEST_REFUSED,
                         "The hub refused the InfraEnv or its pull Secret; no workers are created until it"
                         " accepts them.",
                     )
                 await self._recheck_later()
         return None
+
+    def _show_refusal(
+        self, err: ActivityError, kind: OrderConditionType, status: ConditionStatus, message: str
+    ) -> None:
+        """A prerequisite's request refused for good: the tenant sees `message`, ops the error."""
+        workflow.logger.warning("%s: request refused: %s", kind.value, err.cause or err)
+        self._set_condition(kind, status, REQUEST_REFUSED, message)
 
     async def _workers_release(self) -> str | None:
         """The release the workers boot: the order's `releaseImage`, or, when it names none (its

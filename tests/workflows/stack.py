@@ -145,12 +145,34 @@ class Stack:
         response.raise_for_status()
         return OrderRef(namespace=namespace, name=name)
 
-    async def apply(self, order: OrderRef, node_sets: dict[str, int]) -> Any:
-        return await self.api.apply(
+    async def apply(self, order: OrderRef, node_sets: dict[str, int], api: WorkersApi | None = None) -> Any:
+        """`api`: another library API than the stack's (its own TimingPolicy: `with_policy`)."""
+        return await (api or self.api).apply(
             order,
             [NodeSetRequest(name=k, instance_type=k, count=v) for k, v in node_sets.items()],
             instance_types=INSTANCE_TYPES,
         )
+
+    def with_policy(self, **overrides: Any) -> WorkersApi:
+        """The stack's library API, starting workflows with `fast_policy(**overrides)`."""
+        return WorkersApi(
+            self.client,
+            task_queue=self.api.task_queue,
+            bmaas_task_queue=self.api.bmaas_task_queue,
+            policy=fast_policy(**overrides),
+        )
+
+    async def link_boot_image(self, release: str, version: str) -> None:
+        """A ClusterVersion for `release` linked to the lab's disk image (as an admin adds one)."""
+        images = (await self.bmaas_http.get("/api/private/v1/disk_images")).json()["items"]
+        response = await self.bmaas_http.post(
+            "/api/private/v1/cluster_versions",
+            json={
+                "metadata": {"name": version},
+                "spec": {"image": release, "version": version, "disk_image": images[0]["id"]},
+            },
+        )
+        response.raise_for_status()
 
     async def order_object(self, order: OrderRef) -> dict[str, Any]:
         response = await self.hub_http.get(

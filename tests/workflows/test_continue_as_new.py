@@ -9,10 +9,9 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
-from starter.api import WorkersApi
+from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
-from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
+from tests.workflows.stack import Stack, eventually, running_stack
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -83,15 +82,10 @@ async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_sti
     """Each recheck of a missing prerequisite adds to the cluster workflow's history; a wait of
     days would reach the server's history limit, which ends the workflow. It continues as new from
     the wait instead, and the new run still waits (nothing is started) until the image is linked."""
-    api = WorkersApi(
-        stack.client,
-        task_queue=stack.api.task_queue,
-        bmaas_task_queue=stack.api.bmaas_task_queue,
-        policy=fast_policy(prerequisite_recheck=timedelta(seconds=0.2)),
-    )
+    api = stack.with_policy(prerequisite_recheck=timedelta(seconds=0.2))
     release = "quay.io/openshift-release-dev/ocp-release:4.20.0-x86_64"
     order = await stack.create_order({"bm-standard": 1}, release_image=release)
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)])
+    await stack.apply(order, {"bm-standard": 1}, api)
     cluster_id = cluster_workflow_id(order)
 
     async def continued_twice() -> bool:
@@ -104,15 +98,7 @@ async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_sti
     missing = next(c for c in status.conditions if c.type == "RHCOSImageNotFound")
     assert missing.status == "True"
 
-    images = (await stack.bmaas_http.get("/api/private/v1/disk_images")).json()["items"]
-    response = await stack.bmaas_http.post(
-        "/api/private/v1/cluster_versions",
-        json={
-            "metadata": {"name": "4.20.0"},
-            "spec": {"image": release, "version": "4.20.0", "disk_image": images[0]["id"]},
-        },
-    )
-    response.raise_for_status()
+    await stack.link_boot_image(release, "4.20.0")
     await stack.wait_ready(order, 1)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []

@@ -18,8 +18,7 @@ from contracts.activities import HubActivity
 from contracts.hub import WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
-from contracts.workflows import NodeSetRequest, worker_workflow_id
-from starter.api import WorkersApi
+from contracts.workflows import worker_workflow_id
 from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
 
 ALL = {"rate": 1.0}
@@ -136,19 +135,14 @@ async def test_after_a_ready_that_lasted_the_backoff_starts_over_once_then_grows
     starts over at the first step, once. The replacement's failures then back off longer each time,
     as a worker that never was Ready would: a rack that lost power must not be retried at the
     shortest interval for ever."""
-    api = WorkersApi(
-        stack.client,
-        task_queue=stack.api.task_queue,
-        bmaas_task_queue=stack.api.bmaas_task_queue,
-        policy=fast_policy(
-            ready_host_check=timedelta(seconds=1),
-            attempt_reset_after_ready=timedelta(0),
-            no_hosts_backoff=[timedelta(seconds=1), timedelta(seconds=60)],
-            no_hosts_backoff_cap=timedelta(seconds=60),
-        ),
+    api = stack.with_policy(
+        ready_host_check=timedelta(seconds=1),
+        attempt_reset_after_ready=timedelta(0),
+        no_hosts_backoff=[timedelta(seconds=1), timedelta(seconds=60)],
+        no_hosts_backoff_cap=timedelta(seconds=60),
     )
     order = await stack.create_order({"bm-standard": 1})
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)])
+    await stack.apply(order, {"bm-standard": 1}, api)
     ready = (await stack.wait_ready(order, 1)).workers[0]
     await stack.set_bmaas_faults(no_free_hosts=True)
     try:
@@ -311,15 +305,7 @@ async def test_missing_boot_image_creates_nothing_until_linked(stack: Stack) -> 
     status = await stack.api.status(order)
     assert status.workers == [] and await stack.bmis(order) == []
 
-    images = (await stack.bmaas_http.get("/api/private/v1/disk_images")).json()["items"]
-    response = await stack.bmaas_http.post(
-        "/api/private/v1/cluster_versions",
-        json={
-            "metadata": {"name": "4.19.0"},
-            "spec": {"image": release, "version": "4.19.0", "disk_image": images[0]["id"]},
-        },
-    )
-    response.raise_for_status()
+    await stack.link_boot_image(release, "4.19.0")
     await stack.wait_ready(order, 1)
 
     async def image_found() -> dict[str, Any] | None:

@@ -19,14 +19,12 @@ from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
 from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
-from starter.api import WorkersApi
 from tests.workflows.stack import (
     CLUSTER_ORDERS,
     PULL_SECRET,
     SSH_KEY,
     Stack,
     eventually,
-    fast_policy,
     running_stack,
     scheduled_activities,
 )
@@ -101,7 +99,7 @@ async def test_scale_up_targeted_scale_down_scale_up_decommission(stack: Stack) 
 
 
 async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(stack: Stack) -> None:
-    from contracts.workflows import NodeSetRequest, SetNodeSets
+    from contracts.workflows import SetNodeSets
     from starter.api import CommandError
     from workflows.cluster_workers import ClusterWorkersWorkflow
 
@@ -437,14 +435,9 @@ async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_repla
     """A Ready worker waits only for its scale-down; its host can still break (the BMI turns FAILED)
     or be deleted behind our back. The cluster workflow's check finds both: each worker fails with
     HostLost, releases its host (a FAILED BMI is deleted and wiped) and comes back on a new one."""
-    api = WorkersApi(
-        stack.client,
-        task_queue=stack.api.task_queue,
-        bmaas_task_queue=stack.api.bmaas_task_queue,
-        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
-    )
+    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 3})
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=3)])
+    await stack.apply(order, {"bm-standard": 3}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
     broken, deleted, healthy = (order.worker_name(i) for i in range(3))
     (await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before[broken]}/break")).raise_for_status()
@@ -489,16 +482,11 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
     """The tenant tightens `securityGroupRefs` on a live order. The next command puts every host of
     the order in the new groups: the running ones, a new worker's, and the replacement host of a
     worker started with the old groups."""
-    api = WorkersApi(
-        stack.client,
-        task_queue=stack.api.task_queue,
-        bmaas_task_queue=stack.api.bmaas_task_queue,
-        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
-    )
+    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
     order = await stack.create_order(
         {"bm-standard": 2}, network={"subnetRef": "subnet-a", "securityGroupRefs": ["sg-open"]}
     )
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=2)])
+    await stack.apply(order, {"bm-standard": 2}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
     assert set(map(tuple, (await stack.security_groups(order)).values())) == {("sg-open",)}
 
@@ -508,7 +496,7 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
         headers={"Content-Type": "application/merge-patch+json"},
     )
     response.raise_for_status()
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=3)])
+    await stack.apply(order, {"bm-standard": 3}, api)
 
     async def all_tight(count: int) -> bool:
         groups = await stack.security_groups(order)
@@ -548,14 +536,9 @@ async def test_workers_terminated_from_outside_are_started_again_to_release_thei
     not fail when it next tells them something: the one whose host breaks is started again, releases
     that host and comes back on a new one; at decommission the other is started again to unbind its
     Agent and give back its host, wiped. Nothing is left behind."""
-    api = WorkersApi(
-        stack.client,
-        task_queue=stack.api.task_queue,
-        bmaas_task_queue=stack.api.bmaas_task_queue,
-        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
-    )
+    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 3})
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=3)])
+    await stack.apply(order, {"bm-standard": 3}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
     leaves, breaks, _untouched = (order.worker_name(i) for i in range(3))
     for name in (leaves, breaks):
@@ -592,14 +575,9 @@ async def test_a_host_check_that_returns_after_a_scale_down_does_not_tell_the_de
     """The check of the Ready workers' hosts lists the order's BMIs; a scale-down can start while
     the list is on its way, and its worker's BMI is then DELETING by our own hand. That worker is
     not told its host was lost (the chaos run's invariant caught it being told)."""
-    api = WorkersApi(
-        stack.client,
-        task_queue=stack.api.task_queue,
-        bmaas_task_queue=stack.api.bmaas_task_queue,
-        policy=fast_policy(ready_host_check=timedelta(seconds=1)),
-    )
+    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 2})
-    await api.apply(order, [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=2)])
+    await stack.apply(order, {"bm-standard": 2}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
     leaving, staying = order.worker_name(0), order.worker_name(1)
     cluster = stack.client.get_workflow_handle(cluster_workflow_id(order))
