@@ -586,10 +586,12 @@ class AssistedActivities:
         try:
             infraenv = await self._kube.get(INFRA_ENVS, namespace, infraenv_name)
         except HubNotFound:
+            # Deleted behind our back (the order's workflow ensured it before any worker started):
+            # the worker fails its attempt and the order's workflow creates it again.
             raise error(
                 f"InfraEnv {namespace}/{infraenv_name} not found",
-                HubErrorType.INFRAENV_NOT_READY,
-                non_retryable=False,
+                HubErrorType.INFRAENV_MISSING,
+                non_retryable=True,
                 namespace=namespace,
                 name=infraenv_name,
             ) from None

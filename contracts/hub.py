@@ -152,6 +152,7 @@ class HubErrorType(StrEnum):
     AGENT_INSTALL_FAILED = "AgentInstallFailed"
     AGENT_UNBINDING_TIMEOUT = "AgentUnbindingTimeout"
     IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
+    INFRAENV_MISSING = "InfraEnvMissing"
 
 
 NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
@@ -173,6 +174,7 @@ NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
         HubErrorType.AGENT_INSTALL_FAILED,
         HubErrorType.AGENT_UNBINDING_TIMEOUT,
         HubErrorType.IGNITION_TOO_LARGE,
+        HubErrorType.INFRAENV_MISSING,
     }
 )
 

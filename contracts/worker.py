@@ -38,6 +38,8 @@ class FailureReason(StrEnum):
     HOST_WIPE_STUCK = "HostWipeStuck"
     # A Ready worker's BMI failed, is being deleted or is gone, not by us: released and replaced.
     HOST_LOST = "HostLost"
+    # The order's InfraEnv was deleted behind our back: the cluster workflow creates it again.
+    INFRAENV_MISSING = "InfraEnvMissing"
     INTERNAL_ERROR = "InternalError"
 
 
@@ -64,6 +66,7 @@ TENANT_MESSAGES: dict[FailureReason, str] = {
     FailureReason.DISCOVERY_IGNITION_TOO_LARGE: "The discovery configuration is too large for the host.",
     FailureReason.HOST_WIPE_STUCK: "Releasing the host is taking longer than expected.",
     FailureReason.HOST_LOST: "The worker's bare-metal host stopped working; replacing it.",
+    FailureReason.INFRAENV_MISSING: "The cluster's discovery configuration is being recreated; retrying.",
     FailureReason.INTERNAL_ERROR: "An internal error occurred; retrying.",
 }
 

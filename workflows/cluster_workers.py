@@ -115,6 +115,9 @@ class ClusterPatch(StrEnum):
     # An order waiting for a prerequisite (a boot image, a pull secret, a release) for days
     # continues as new from that wait, before the server's history limit ends the workflow.
     PREREQUISITE_WAIT_CONTINUES_AS_NEW = "prerequisite-wait-continues-as-new"
+    # A worker that found the InfraEnv gone (deleted behind our back) makes this workflow create it
+    # again, rather than every attempt failing until the next command.
+    MISSING_INFRAENV_RECREATED = "missing-infraenv-recreated"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -155,6 +158,8 @@ class ClusterWorkersWorkflow:
         # with the old ones reported a new BMI) while this is above the last generation applied.
         self._security_groups_wanted = 1 if carried.security_groups_pending else 0
         self._security_groups_applied = 0
+        # A worker reported that the InfraEnv is gone.
+        self._infraenv_missing = False
         self._cluster: ClusterReference | None = carried.cluster
         self._cluster_release = carried.cluster_release
         self._order_generation = carried.order_generation
@@ -244,6 +249,11 @@ class ClusterWorkersWorkflow:
         new_bmi = report.status.resource_id and report.status.resource_id != slot.status.resource_id
         if new_bmi and self._in_old_security_groups(slot):
             self._security_groups_wanted += 1
+        if (
+            report.status.phase == WorkerPhase.FAILED
+            and report.status.last_failure_reason == FailureReason.INFRAENV_MISSING
+        ):
+            self._infraenv_missing = True
         slot.status = report.status
         slot.deleted = slot.deleted or report.deleted
         return True
@@ -498,6 +508,10 @@ class ClusterWorkersWorkflow:
                 await self._refresh_infraenv()
             if workflow.patched(ClusterPatch.SECURITY_GROUPS_FOLLOW_THE_ORDER.value):
                 await self._refresh_security_groups()
+        if self._infraenv_missing and not self._decommissioning:
+            self._infraenv_missing = False
+            if workflow.patched(ClusterPatch.MISSING_INFRAENV_RECREATED.value):
+                await self._refresh_infraenv()
         if self._decommissioning:
             desired: dict[str, int] = {}
         else:

@@ -165,10 +165,11 @@ async def test_discovery_ignition_from_assisted_service(lab_api, lab_assisted, l
     lab_api.order()
     ref = (await kit.run()(lab_assisted.ensure_infraenv, order_ref(lab_api))).infraenv
 
-    # Not ready yet or not there: retryable, and without any URL.
-    with pytest.raises(ApplicationError) as not_ready:
+    # Not there (deleted behind our back): non-retryable, for the order's workflow to create it again.
+    with pytest.raises(ApplicationError) as missing:
         await lab_assisted.discovery_ignition(lab_api.ns, "no-such-infraenv")
-    assert not_ready.value.type == HubErrorType.INFRAENV_NOT_READY and not not_ready.value.non_retryable
+    assert missing.value.type == HubErrorType.INFRAENV_MISSING and missing.value.non_retryable
+    assert "http" not in str(missing.value)
 
     await kit.run()(lab_assisted.wait_infraenv_ready, ref)
     text = await lab_assisted.discovery_ignition(ref.namespace, ref.name)

@@ -16,10 +16,12 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
+from contracts.hub import InfraEnvRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
 from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
 from tests.workflows.stack import (
+    AGENT_API,
     CLUSTER_ORDERS,
     PULL_SECRET,
     SSH_KEY,
@@ -672,3 +674,31 @@ async def test_an_infraenv_the_hub_refuses_waits_and_the_orders_deletion_still_e
     (
         await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
     ).raise_for_status()
+
+
+async def test_an_infraenv_deleted_behind_our_back_is_created_again_for_the_next_host(stack: Stack) -> None:
+    """Someone deletes the order's InfraEnv; later a Ready worker's host breaks. Its next attempt
+    finds no InfraEnv to boot from: it fails (InfraEnvMissing), the order's workflow creates the
+    InfraEnv again, and the attempt after comes up on a new host, without waiting for a command."""
+    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    before = (await stack.wait_ready(order, 1)).workers[0]
+    name = InfraEnvRef.for_order(order).name
+    (
+        await stack.hub_http.delete(f"{AGENT_API}/namespaces/{order.namespace}/infraenvs/{name}")
+    ).raise_for_status()
+    (
+        await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before.resource_id}/break")
+    ).raise_for_status()
+
+    async def back() -> WorkerStatus | None:
+        status = await stack.api.status(order)
+        worker = status.workers[0]
+        return worker if status.ready_workers == 1 and worker.resource_id != before.resource_id else None
+
+    worker = await eventually(back, "the worker back on a new host", timeout=120)
+    assert worker.attempt_count == 3 and worker.last_failure_reason == FailureReason.INFRAENV_MISSING
+    assert [i["metadata"]["name"] for i in await stack.infraenvs(order.namespace)] == [name]
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
