@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -78,6 +78,8 @@ T = TypeVar("T")
 RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
 # A prerequisite's request was refused for good (not a missing input of the order): asked again.
 REQUEST_REFUSED = "RequestRefused"
+# How far a restarted worker's report numbers start above the last its stopped run delivered.
+RESTART_REPORT_GAP = 1000
 
 
 class CommandRejected(ValueError):
@@ -118,6 +120,8 @@ class ClusterPatch(StrEnum):
     # A worker that found the InfraEnv gone (deleted behind our back) makes this workflow create it
     # again, rather than every attempt failing until the next command.
     MISSING_INFRAENV_RECREATED = "missing-infraenv-recreated"
+    # A decommission during the first image wait no longer shows the image as created.
+    NO_IMAGE_SHOWN_AFTER_DECOMMISSION = "no-image-shown-after-decommission"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -398,7 +402,10 @@ class ClusterWorkersWorkflow:
             if await self._wait_infraenv_ready(ensured.infraenv, until_edited=True):
                 break
         else:
-            return
+            # Decommissioned during the wait. Older code showed the image as created here (a status
+            # write and an Event); their histories replay only if it still does.
+            if workflow.patched(ClusterPatch.NO_IMAGE_SHOWN_AFTER_DECOMMISSION.value):
+                return
         self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
         self._events.append(
             self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {order.infraenv_name} is ready")
@@ -572,7 +579,9 @@ class ClusterWorkersWorkflow:
                 "network_attachment": current.model_copy(update={"security_groups": wanted.security_groups})
             }
         )
-        if any(self._in_old_security_groups(s) for s in self._slots.values()):
+        # Every live BMI, whatever groups its worker started with: an earlier change may have
+        # moved it (a revert to the first groups must move it back).
+        if any(not s.deleted for s in self._slots.values()):
             self._security_groups_wanted += 1
 
     def _in_old_security_groups(self, slot: SlotRecord) -> bool:
@@ -682,7 +691,8 @@ class ClusterWorkersWorkflow:
                 bmi_id=slot.status.resource_id,
                 scale_down_requested=scale_down,
                 restarted=True,
-                report_sequence=slot.report_sequence,
+                # Above any report the stopped run's activities may still deliver late.
+                report_sequence=slot.report_sequence + RESTART_REPORT_GAP,
             )
             if restart
             else None
@@ -733,9 +743,19 @@ class ClusterWorkersWorkflow:
                 workflow.logger.warning("could not tell worker %s: %s", slot.spec.name, err)
                 return
             workflow.logger.warning("worker %s is not running (%s): starting it again", slot.spec.name, err)
-        await self._start_child(slot, restart=True, scale_down=lost is None)
-        if lost is not None:
-            await handle.signal(WorkerNodeWorkflow.host_lost, lost)
+        try:
+            await self._start_child(slot, restart=True, scale_down=lost is None)
+            if lost is None:
+                return  # the new run starts with its scale-down
+        except WorkflowAlreadyStartedError:
+            pass  # another call (the host check, a scale-down) started it a moment ago: tell that run
+        try:
+            if lost is None:
+                await handle.signal(WorkerNodeWorkflow.scale_down)
+            else:
+                await handle.signal(WorkerNodeWorkflow.host_lost, lost)
+        except ApplicationError as err:
+            workflow.logger.warning("could not tell the restarted worker %s: %s", slot.spec.name, err)
 
     def _child_id(self, slot: SlotRecord) -> str:
         return worker_workflow_id(self._input.order, slot.spec.name)
@@ -908,7 +928,8 @@ class ClusterWorkersWorkflow:
             decommissioning=self._decommissioning,
             ignored_scale_downs=self._ignored_scale_downs[-20:],
             facts=self._facts,
-            cluster=self._cluster,
+            # Not yet prepared: without the cluster, code that predates `preparing` prepares again too.
+            cluster=None if self._preparing else self._cluster,
             cluster_release=self._cluster_release,
             order_generation=self._order_generation,
             security_groups_pending=self._security_groups_wanted > self._security_groups_applied,

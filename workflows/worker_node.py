@@ -451,6 +451,11 @@ class WorkerNodeWorkflow:
     async def _release_resources(self) -> None:
         """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
         progress, slot = self._state()
+        if progress.restarted:
+            # The stopped run's calls may still be running (a create finishing, a wait handing the
+            # Agent over) until their timeouts: look for what they left only after those.
+            policy = self._policy()
+            await workflow.sleep(max(policy.call_timeout, policy.wait_heartbeat_timeout))
         agent = self._agent_ref() if progress.agent_name is not None else None
         if agent is not None and progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.UNBINDING)

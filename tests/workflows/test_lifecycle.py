@@ -481,9 +481,9 @@ async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_repla
 async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_booted_after(
     stack: Stack,
 ) -> None:
-    """The tenant tightens `securityGroupRefs` on a live order. The next command puts every host of
-    the order in the new groups: the running ones, a new worker's, and the replacement host of a
-    worker started with the old groups."""
+    """The tenant tightens `securityGroupRefs` on a live order (and loosens it back, and tightens it
+    again). The next command puts every host of the order in the order's groups: the running ones, a
+    new worker's, and the replacement host of a worker started with other groups."""
     api = stack.with_policy(ready_host_check=timedelta(seconds=1))
     order = await stack.create_order(
         {"bm-standard": 2}, network={"subnetRef": "subnet-a", "securityGroupRefs": ["sg-open"]}
@@ -492,18 +492,32 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
     assert set(map(tuple, (await stack.security_groups(order)).values())) == {("sg-open",)}
 
-    response = await stack.hub_http.patch(
-        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-        json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": ["sg-tight"]}}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    response.raise_for_status()
-    await stack.apply(order, {"bm-standard": 3}, api)
+    async def set_groups(groups: list[str]) -> None:
+        response = await stack.hub_http.patch(
+            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+            json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": groups}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+
+    async def all_in(groups: list[str], count: int) -> bool:
+        found = await stack.security_groups(order)
+        return len(found) == count and all(g == groups for g in found.values())
 
     async def all_tight(count: int) -> bool:
-        groups = await stack.security_groups(order)
-        return len(groups) == count and all(g == ["sg-tight"] for g in groups.values())
+        return await all_in(["sg-tight"], count)
 
+    # Changed and changed back (the same count: the controller's command for each generation):
+    # the hosts follow both ways, though every worker started in the first groups.
+    await set_groups(["sg-tight"])
+    await stack.apply(order, {"bm-standard": 2}, api)
+    await eventually(lambda: all_tight(2), "the running hosts in the new security groups")
+    await set_groups(["sg-open"])
+    await stack.apply(order, {"bm-standard": 2}, api)
+    await eventually(lambda: all_in(["sg-open"], 2), "the running hosts back in the first ones")
+
+    await set_groups(["sg-tight"])
+    await stack.apply(order, {"bm-standard": 3}, api)
     await eventually(lambda: all_tight(3), "the running hosts and the new one in the new security groups")
     await stack.wait_ready(order, 3)
 
@@ -538,7 +552,12 @@ async def test_workers_terminated_from_outside_are_started_again_to_release_thei
     not fail when it next tells them something: the one whose host breaks is started again, releases
     that host and comes back on a new one; at decommission the other is started again to unbind its
     Agent and give back its host, wiped. Nothing is left behind."""
-    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
+    # A restarted worker waits out the stopped run's calls (their timeouts) before it looks.
+    api = stack.with_policy(
+        ready_host_check=timedelta(seconds=1),
+        call_timeout=timedelta(seconds=5),
+        wait_heartbeat_timeout=timedelta(seconds=5),
+    )
     order = await stack.create_order({"bm-standard": 3})
     await stack.apply(order, {"bm-standard": 3}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
