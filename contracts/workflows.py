@@ -52,6 +52,9 @@ class SetNodeSets(BaseModel):
     # The ClusterOrder generation the command comes from (the controller's), so the status can say
     # which edit of the order the workflow has seen even when the counts did not change.
     order_generation: int | None = Field(default=None, ge=0)
+    # The instance types BMaaS offers now (the caller's catalog), so a type added after the order
+    # started is accepted; None keeps the ones the workflow knows.
+    instance_types: list[str] | None = None
 
 
 CONFIRM_SCALE_DOWN_ANNOTATION = "osac.openshift.io/confirm-scale-down"
@@ -63,13 +66,18 @@ class ScaleDownGuard(BaseModel):
     max_fraction: float = Field(default=0.5, ge=0, le=1)
     max_workers: int = Field(default=2, ge=0)
 
-    def refusal(self, current: int, requested: int) -> str | None:
-        """Why going from `current` to `requested` workers needs confirming, or None when it does not."""
-        removed = current - requested
+    def refusal(self, current: int, requested: int, removed: int) -> str | None:
+        """Why going from `current` to `requested` workers, `removed` of them leaving (more than
+        `current - requested` when node sets are swapped), needs confirming, or None."""
         if removed <= self.max_workers or removed <= current * self.max_fraction:
             return None
+        change = (
+            f"lowering the order from {current} to {requested} workers"
+            if removed == current - requested
+            else f"changing the order's node sets ({current} workers now, {requested} requested)"
+        )
         return (
-            f"node_sets[].count: lowering the order from {current} to {requested} workers removes"
+            f"node_sets[].count: {change} removes"
             f" {removed} at once (more than {self.max_fraction:.0%} of the order and more than"
             f" {self.max_workers} workers);"
             " confirm it (CLI --confirm, the ClusterOrder annotation"
@@ -82,7 +90,7 @@ def node_set_problem(
     instance_types: Iterable[str],
     max_workers_per_order: int,
     *,
-    current_total: int = 0,
+    current: Sequence[NodeSetRequest] = (),
     confirm_scale_down: bool = False,
     guard: ScaleDownGuard | None = None,
     order: OrderRef | None = None,
@@ -92,8 +100,9 @@ def node_set_problem(
     of the rules: `ClusterWorkersWorkflow.set_node_sets` refuses with it, and the controller and the
     CLI check it before they send a command, so an order is refused without starting a workflow.
 
-    `instance_types`: the known ones (none known: any). `current_total`: the workers the workflow
-    holds now (0 before it exists), for the guard against mass scale-downs. `order` and
+    `instance_types`: the known ones (none known: any). `current`: the node sets the workflow holds
+    now (none before it exists), for the guard against mass scale-downs: the workers leaving are
+    counted per node set, so renaming a node set's instance type removes all its workers. `order` and
     `next_index` (the next worker slot's index): for the names new workers would be given."""
     names = [n.name for n in node_sets]
     for name in sorted({n for n in names if names.count(n) > 1}):
@@ -108,15 +117,19 @@ def node_set_problem(
                 f" (known: {', '.join(sorted(known))})"
             )
     total = sum(n.count for n in node_sets)
+    current_counts = {n.name: n.count for n in current}
+    current_total = sum(current_counts.values())
+    requested = {n.name: n.count for n in node_sets}
+    removed = sum(max(count - requested.get(name, 0), 0) for name, count in current_counts.items())
     if not confirm_scale_down:
-        refusal = (guard or ScaleDownGuard()).refusal(current_total, total)
+        refusal = (guard or ScaleDownGuard()).refusal(current_total, total, removed)
         if refusal:
             return refusal
     if total > max_workers_per_order:
         return f"node_sets[].count: {total} workers exceed the maximum of {max_workers_per_order} per order"
-    if order is not None and total > current_total:  # only new workers need new names
+    if order is not None:  # only new workers need new names
         for node_set in node_sets:
-            if node_set.count > 0:
+            if node_set.count > current_counts.get(node_set.name, 0):
                 problem = order.long_name_problem(node_set.instance_type, next_index + total)
                 if problem:
                     return problem
@@ -224,7 +237,7 @@ class AgentRegistered(BaseModel):
 class ClusterWorkersInput(BaseModel):
     order: OrderRef
     node_sets: list[NodeSetRequest] = Field(default_factory=list)
-    instance_types: list[str] = Field(default_factory=list)  # known types, refreshed by the workflow
+    instance_types: list[str] = Field(default_factory=list)  # known types, refreshed by each command
     max_workers_per_order: int = DEFAULT_MAX_WORKERS_PER_ORDER
     scale_down_guard: ScaleDownGuard = Field(default_factory=ScaleDownGuard)
     policy: TimingPolicy = Field(default_factory=TimingPolicy)

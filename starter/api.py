@@ -148,6 +148,7 @@ class WorkersApi:
                     node_sets=list(node_sets),
                     confirm_scale_down=confirm_scale_down,
                     order_generation=order_generation,
+                    instance_types=sorted(instance_types) if instance_types else None,
                 ),
                 start_workflow_operation=start,
                 id=update_id,

@@ -112,14 +112,14 @@ class OrderOperations:
             for n in current
         ]
         try:
-            current_total = sum(n.count for n in (await self.api.status(order)).node_sets)
+            held = (await self.api.status(order)).node_sets
         except OrderNotFound:
-            current_total = 0  # no workflow yet: nothing to scale down
+            held = []  # no workflow yet: nothing to scale down
         problem = node_set_problem(
             wanted,
             await self._instance_types(),
             self.api.max_workers_per_order,
-            current_total=current_total,
+            current=held,
             confirm_scale_down=confirm_scale_down,
             order=order,
         )

@@ -179,6 +179,8 @@ class ClusterWorkersWorkflow:
     @workflow.update
     async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
         self._node_sets = {n.name: n for n in command.node_sets}
+        if command.instance_types is not None:
+            self._instance_types = set(command.instance_types)
         self._order_edited = True
         if command.order_generation is not None:
             self._order_generation = max(command.order_generation, self._order_generation or 0)
@@ -191,9 +193,9 @@ class ClusterWorkersWorkflow:
             raise CommandRejected("set_node_sets: the order is being decommissioned; no further changes")
         problem = node_set_problem(
             command.node_sets,
-            self._instance_types,
+            self._instance_types if command.instance_types is None else command.instance_types,
             self._input.max_workers_per_order,
-            current_total=sum(n.count for n in self._node_sets.values()),
+            current=list(self._node_sets.values()),
             confirm_scale_down=command.confirm_scale_down,
             guard=self._input.scale_down_guard,
             order=self._input.order,

@@ -82,7 +82,7 @@ def test_the_starter_rules_say_what_the_workflow_validator_says(
         node_sets,
         instance_types,
         10,
-        current_total=current,
+        current=[ns("bm-standard", current)] if current else [],
         confirm_scale_down=confirm,
         order=order,
         next_index=current,
@@ -100,6 +100,33 @@ def test_the_starter_rules_say_what_the_workflow_validator_says(
         assert expected is None
     else:
         assert expected is not None
+
+
+@pytest.mark.parametrize(
+    ("requested", "refused"),
+    [
+        ([ns("bm-gpu", 3)], True),  # the type mistyped: every standard worker would leave
+        ([ns("bm-standard", 0), ns("bm-gpu", 3)], True),
+        ([ns("bm-standard", 2), ns("bm-gpu", 1)], False),  # one leaves
+        ([ns("bm-standard", 3), ns("bm-gpu", 3)], False),  # none leaves
+    ],
+    ids=["swapped", "zeroed-and-added", "one-moved", "added"],
+)
+def test_the_mass_scale_down_guard_counts_the_workers_leaving_per_node_set(
+    requested: list[NodeSetRequest], refused: bool
+) -> None:
+    """The total alone would let a swap of node sets remove a whole order unconfirmed."""
+    current = [ns("bm-standard", 3)]
+    for verdict in (
+        node_set_problem(requested, TYPES, 10, current=current, order=SHORT, next_index=3),
+        workflow_verdict(requested, TYPES, 10, 3, False, SHORT),
+    ):
+        if refused:
+            assert verdict is not None and "removes 3 at once" in verdict, verdict
+            assert "changing the order's node sets" in verdict
+        else:
+            assert verdict is None
+    assert node_set_problem(requested, TYPES, 10, current=current, confirm_scale_down=True) is None
 
 
 def test_same_node_sets_ignores_order_but_not_counts_or_types() -> None:

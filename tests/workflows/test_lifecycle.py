@@ -23,6 +23,7 @@ from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, se
 from tests.workflows.stack import (
     AGENT_API,
     CLUSTER_ORDERS,
+    INSTANCE_TYPES,
     PULL_SECRET,
     SSH_KEY,
     Stack,
@@ -113,6 +114,17 @@ async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(st
         await stack.apply(order, {"bm-tiny": 1})
     with pytest.raises(CommandError, match=r"exceed the maximum of 100 per order"):
         await stack.apply(order, {"bm-standard": 101})
+    # A type BMaaS offers after the order started: each command brings the catalog it was checked
+    # against, and one without a catalog is checked against the last one seen.
+    tiny = [
+        NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=4),
+        NodeSetRequest(name="bm-tiny", instance_type="bm-tiny", count=0),
+    ]
+    await stack.api.apply(order, tiny, instance_types=[*INSTANCE_TYPES, "bm-tiny"])
+    kept = SetNodeSets(node_sets=tiny)
+    await stack.api.handle(order).execute_update(ClusterWorkersWorkflow.set_node_sets, kept)
+    with pytest.raises(CommandError, match=r"node_sets\[1\]\.instance_type: unknown instance type 'bm-tiny'"):
+        await stack.apply(order, {"bm-standard": 4, "bm-tiny": 0})  # withdrawn from the catalog
     status = await stack.api.status(order)
     assert status.desired_workers == 4  # nothing of the refused commands entered the workflow
 
