@@ -324,10 +324,8 @@ class ClusterWorkersWorkflow:
     async def _prepare(self) -> None:
         """Cluster reference, boot image and InfraEnv, before the first worker."""
         order = self._input.order
-        self._facts = await self._hub(
-            HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
-        )
-        if self._decommissioning:
+        self._facts = await self._read_order_facts()
+        if self._decommissioning or self._facts is None:
             return
         self._cluster = await self._until_decommissioned(
             self._hub(
@@ -341,7 +339,18 @@ class ClusterWorkersWorkflow:
         if self._cluster is None:
             return
         while not self._decommissioning:
-            release = await self._workers_release()
+            try:
+                release = await self._workers_release()
+            except ActivityError as err:
+                self._show_refusal(
+                    err,
+                    OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
+                    ConditionStatus.TRUE,
+                    "The hub refused to show the hosted cluster's NodePools, whose release the workers"
+                    " boot; no workers are created until it does.",
+                )
+                await self._recheck_later()
+                continue
             if release is None:
                 self._set_condition(
                     OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
@@ -352,9 +361,7 @@ class ClusterWorkersWorkflow:
                 )
                 await self._recheck_later()
                 # The tenant may have named one on the order meanwhile.
-                self._facts = await self._hub(
-                    HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
-                )
+                self._facts = await self._read_order_facts() or self._facts
                 continue
             try:
                 await self._bmaas(
@@ -447,6 +454,27 @@ class ClusterWorkersWorkflow:
                         " accepts them.",
                     )
                 await self._recheck_later()
+        return None
+
+    async def _read_order_facts(self) -> OrderFacts | None:
+        """The order as it is now, waiting out a hub that refuses to show it (a permission a rollout
+        forgot, the object deleted behind a library caller's back) rather than failing the workflow,
+        which would strand its hosts; None once a decommission makes it moot."""
+        order = self._input.order
+        while not self._decommissioning:
+            try:
+                facts: OrderFacts = await self._hub(
+                    HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
+                )
+                return facts
+            except ActivityError as err:
+                self._show_refusal(
+                    err,
+                    OrderConditionType.INFRA_ENV_READY,
+                    ConditionStatus.FALSE,
+                    "The hub refused to show the ClusterOrder; no workers are created until it does.",
+                )
+            await self._recheck_later()
         return None
 
     def _show_refusal(
@@ -570,9 +598,16 @@ class ClusterWorkersWorkflow:
         must follow, or a host keeps what the old groups allowed. The subnet is immutable and stays."""
         assert self._facts is not None
         order = self._input.order
-        facts = await self._hub(
-            HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
-        )
+        try:
+            facts = await self._hub(
+                HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
+            )
+        except ActivityError as err:
+            # Refused for good: the hosts keep their groups; the next command or report tries again.
+            workflow.logger.warning("ClusterOrder %s not read again: %s", order.key, err.cause or err)
+            workflow.set_current_details(f"ClusterOrder {order.key} not read again: {err.cause or err}")
+            self._order_edited = True
+            return
         current, wanted = self._facts.network_attachment, facts.network_attachment
         if current is None or wanted is None or wanted.security_groups == current.security_groups:
             return

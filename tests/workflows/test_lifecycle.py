@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import InfraEnvRef
+from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
 from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
@@ -733,3 +735,59 @@ async def test_an_infraenv_deleted_behind_our_back_is_created_again_for_the_next
     assert [i["metadata"]["name"] for i in await stack.infraenvs(order.namespace)] == [name]
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_an_order_the_hub_will_not_show_waits_and_its_decommission_still_ends_it(stack: Stack) -> None:
+    """A library caller starts workers for a ClusterOrder the hub does not have (yet, or any more):
+    the workflow shows the refusal and asks again instead of failing, which would leave nobody to
+    decommission it; nothing is allocated."""
+    order = OrderRef(namespace="tenant-ghost", name="ghost")
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def refused() -> bool:
+        status = await stack.api.status(order)
+        return any(c.type == "InfraEnvReady" and c.reason == "RequestRefused" for c in status.conditions)
+
+    await eventually(refused, "InfraEnvReady=False/RequestRefused")
+    final = await stack.decommission_and_wait(order)
+    assert final.finished and final.workers == []
+    assert await stack.bmis(order) == []
+
+
+async def test_an_order_deleted_behind_a_library_callers_back_keeps_its_workflow(stack: Stack) -> None:
+    """The ClusterOrder of a library-driven order is deleted while its workers are Ready. The next
+    command cannot read the order again (its security groups): the workflow goes on with what it
+    knows instead of failing with its hosts held, and the decommission releases them, wiped."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+    (await stack.hub_http.delete(path)).raise_for_status()
+    one = [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)]
+    await stack.api.apply(order, one, order_generation=2)
+
+    async def read_refused() -> bool:
+        for history in await stack.histories(order):
+            if history.workflow_id != cluster_workflow_id(order):
+                continue
+            scheduled = {
+                e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
+                for e in history.events
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            }
+            failed = [
+                scheduled.get(e.activity_task_failed_event_attributes.scheduled_event_id)
+                for e in history.events
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+            ]
+            if HubActivity.READ_ORDER.value in failed:
+                return True
+        return False
+
+    await eventually(read_refused, "the order's read refused")
+    description = await stack.api.handle(order).describe()
+    assert description.status == WorkflowExecutionStatus.RUNNING
+    final = await stack.decommission_and_wait(order)
+    assert final.finished and final.workers == []
+    assert await stack.bmis(order) == []
+    assert await stack.audit_violations() == []
