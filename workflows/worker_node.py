@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -74,6 +75,13 @@ with workflow.unsafe.imports_passed_through():
     )
 
 T = TypeVar("T")
+
+
+class WorkerPatch(StrEnum):
+    """Behaviour changes guarded by `workflow.patched`, so histories recorded before them replay."""
+
+    # A scale-down whose cancel a finishing step used up stops the attempt before its next step.
+    STOP_BETWEEN_STEPS = "stop-between-steps"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -246,6 +254,7 @@ class WorkerNodeWorkflow:
             )
             progress.bmi_id = created.instance.id
             progress.status.resource_id = created.instance.id
+            self._stop_if_scaled_down()
             running = await self._bmaas(
                 BmaasActivity.WAIT_INSTANCE_RUNNING,
                 InstanceRef(bmi_id=created.instance.id),
@@ -254,11 +263,15 @@ class WorkerNodeWorkflow:
                 wait=True,
             )
             progress.macs = list(running.macs)
+            self._stop_if_scaled_down()
             self._set_phase(WorkerPhase.WAITING_FOR_AGENT)
 
         if progress.status.phase == WorkerPhase.WAITING_FOR_AGENT:
             waiting_since = workflow.now()
             match = await (self._wait_and_hand() if self._hands_in_wait else self._await_agent())
+            if self._scale_down and progress.agent_handed:
+                progress.agent_name = match.name  # the teardown must take it back from the NodePool
+            self._stop_if_scaled_down()
             if match.unmatched_macs:
                 # Extra interfaces (a BMC's USB NIC) are normal; another BMI's NIC means the Agent is
                 # not unambiguously this host (osac-reference §4), so it is never bound.
@@ -290,6 +303,7 @@ class WorkerNodeWorkflow:
                     summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",
                 )
                 progress.agent_handed = True
+                self._stop_if_scaled_down()
             ready = self._next_report(phase=WorkerPhase.READY)
             await self._hub(
                 HubActivity.WAIT_AGENT_INSTALLED,
@@ -306,6 +320,13 @@ class WorkerNodeWorkflow:
                 record_provisioning_duration(slot.order, workflow.now() - progress.provisioning_since)
                 progress.provisioning_since = None
             self._set_phase(WorkerPhase.READY, delivered=ready)
+
+    def _stop_if_scaled_down(self) -> None:
+        """A scale-down cancels the step in flight, but a step that finishes anyway (a call, which
+        does not heartbeat; a wait done before its next heartbeat) uses the cancel up: stop before
+        the next step instead of provisioning on (the parent tells a worker to leave once)."""
+        if self._scale_down and workflow.patched(WorkerPatch.STOP_BETWEEN_STEPS.value):
+            raise asyncio.CancelledError()
 
     async def _wait_and_hand(self) -> AgentMatch:
         """WorkerRevision.AGENT_HANDED_IN_WAIT: one heartbeating activity waits (until the policy's

@@ -10,16 +10,16 @@ from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from contracts.activities import HubActivity
+from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
-from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
+from tests.workflows.stack import Stack, eventually, fast_policy, running_stack, scheduled_activities
 
 ALL = {"rate": 1.0}
 
@@ -354,3 +354,58 @@ async def test_tenant_facing_text_never_leaks_backend_detail(stack: Stack) -> No
     for message in sorted(messages):
         for what, pattern in TENANT_TEXT_LEAKS.items():
             assert not pattern.search(message), f"tenant text shows {what}: {message!r}"
+
+
+async def test_a_scale_down_during_a_call_that_finishes_anyway_stops_the_attempt_there(stack: Stack) -> None:
+    """The BMI create (a call: it never heartbeats, so it cannot hear a cancel) is in flight when
+    the worker is scaled down; it finishes. The attempt stops there: the host is released and
+    wiped, never waited for, booted into the cluster and only then taken back."""
+    order = await stack.create_order({"bm-standard": 1})
+    create = "POST /api/private/v1/baremetal_instances"
+    # Long enough for the scale-down to land while the create waits, short of the call's budget.
+    await stack.set_bmaas_faults(routes={create: {"latency_s": 12.0}})
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+
+    async def history_has(event_type: EventType.ValueType) -> bool:
+        try:
+            events = (await handle.fetch_history()).events
+        except Exception:  # not started yet
+            return False
+        return any(e.event_type == event_type for e in events)
+
+    try:
+        await stack.apply(order, {"bm-standard": 1})
+
+        async def create_in_flight() -> bool:
+            try:
+                pending = (await handle.describe()).raw_description.pending_activities
+            except Exception:  # not started yet
+                return False
+            return any(
+                p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value
+                and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                for p in pending
+            )
+
+        await eventually(create_in_flight, "the create in flight")
+        await stack.apply(order, {"bm-standard": 0})
+        await eventually(
+            lambda: history_has(EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED), "the create cancelled"
+        )
+    finally:
+        await stack.clear_bmaas_faults()  # the create in flight keeps its latency and succeeds
+
+    async def gone() -> bool:
+        return (await stack.api.status(order)).workers == [] and await stack.bmis(order) == []
+
+    await eventually(gone, "the worker gone and its BMI deleted", timeout=120)
+    events = (await handle.fetch_history()).events
+    completed = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED]
+    cancel = next(e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED)
+    assert completed and completed[0].event_id > cancel.event_id, "the create finished after the cancel"
+    scheduled = scheduled_activities(events)
+    assert BmaasActivity.CREATE_WORKER_INSTANCE.value in scheduled
+    assert BmaasActivity.WAIT_INSTANCE_RUNNING.value not in scheduled
+    assert HubActivity.WAIT_AGENT_AND_HAND.value not in scheduled
+    assert await stack.audit_violations() == []
+    await _clean_decommission(stack, order)
