@@ -122,6 +122,10 @@ class ClusterPatch(StrEnum):
     MISSING_INFRAENV_RECREATED = "missing-infraenv-recreated"
     # A decommission during the first image wait no longer shows the image as created.
     NO_IMAGE_SHOWN_AFTER_DECOMMISSION = "no-image-shown-after-decommission"
+    # A command that arrived while the order prepared (waiting for its hosted cluster or its boot
+    # image) has the order read again before the first worker starts: its security groups may have
+    # changed since the facts were read.
+    ORDER_READ_AGAIN_AFTER_PREPARING = "order-read-again-after-preparing"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -170,6 +174,8 @@ class ClusterWorkersWorkflow:
         self._facts: OrderFacts | None = carried.facts
         # The previous run continued as new while still preparing: prepare again from the start.
         self._preparing = carried.preparing
+        # A command arrived while preparing (a run continued as new then prepares from the start).
+        self._edited_while_preparing = False
         self._publisher: asyncio.Future[None] | None = None
         for condition in carried.conditions:
             self._conditions[OrderConditionType(condition.type)] = condition
@@ -179,6 +185,7 @@ class ClusterWorkersWorkflow:
     @workflow.update
     async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
         self._node_sets = {n.name: n for n in command.node_sets}
+        self._edited_while_preparing = self._edited_while_preparing or self._preparing
         if command.instance_types is not None:
             self._instance_types = set(command.instance_types)
         self._order_edited = True
@@ -296,6 +303,13 @@ class ClusterWorkersWorkflow:
             self._preparing = True
             await self._prepare()
             self._preparing = False
+            if (
+                self._edited_while_preparing
+                and self._facts is not None
+                and not self._decommissioning
+                and workflow.patched(ClusterPatch.ORDER_READ_AGAIN_AFTER_PREPARING.value)
+            ):
+                await self._refresh_security_groups()
 
         while True:
             self._changed = False

@@ -791,3 +791,35 @@ async def test_an_order_deleted_behind_a_library_callers_back_keeps_its_workflow
     assert final.finished and final.workers == []
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
+
+
+async def test_security_groups_changed_while_the_order_prepares_reach_its_first_hosts(stack: Stack) -> None:
+    """The tenant tightens `securityGroupRefs` while the order waits for its boot image: the first
+    hosts boot in the new groups, not in those read when the order began to prepare."""
+    release = "quay.io/openshift-release-dev/ocp-release:4.21.1-x86_64"
+    order = await stack.create_order(
+        {"bm-standard": 1},
+        release_image=release,
+        network={"subnetRef": "subnet-a", "securityGroupRefs": ["sg-open"]},
+    )
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def waiting_for_image() -> bool:
+        status = await stack.api.status(order)
+        return any(c.type == "RHCOSImageNotFound" and c.status == "True" for c in status.conditions)
+
+    await eventually(waiting_for_image, "RHCOSImageNotFound=True")
+    tight = ["sg-tight"]
+    (
+        await stack.hub_http.patch(
+            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+            json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": tight}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+    ).raise_for_status()
+    await stack.apply(order, {"bm-standard": 1})  # the controller's command for the new generation
+    await stack.link_boot_image(release, "4.21.1")
+    await stack.wait_ready(order, 1)
+    assert list((await stack.security_groups(order)).values()) == [["sg-tight"]]
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
