@@ -273,6 +273,8 @@ class ClusterWorkersCarried(BaseModel):
     # A command arrived that the previous run had not yet brought the InfraEnv and the security
     # groups in line with (it continued as new first).
     order_edited: bool = False
+    # The InfraEnv had been created again and its discovery image was still awaited.
+    infraenv_image_pending: bool = False
 
 
 class ClusterWorkersStatus(BaseModel):

@@ -126,6 +126,10 @@ class ClusterPatch(StrEnum):
     # image) has the order read again before the first worker starts: its security groups may have
     # changed since the facts were read.
     ORDER_READ_AGAIN_AFTER_PREPARING = "order-read-again-after-preparing"
+    # An InfraEnv created again (deleted behind our back) is waited for off the main loop, shown as
+    # InfraEnvReady=False/WaitingForImage meanwhile: commands and scale-downs go on, and an image
+    # that cannot be built no longer holds them for ever.
+    RECREATED_INFRAENV_WAITED_ASIDE = "recreated-infraenv-waited-aside"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -168,6 +172,9 @@ class ClusterWorkersWorkflow:
         self._security_groups_applied = 0
         # A worker reported that the InfraEnv is gone.
         self._infraenv_missing = False
+        # The InfraEnv was created again: its image is waited for while this is above the last one seen.
+        self._infraenv_recreated = 1 if carried.infraenv_image_pending else 0
+        self._infraenv_image_seen = 0
         self._cluster: ClusterReference | None = carried.cluster
         self._cluster_release = carried.cluster_release
         self._order_generation = carried.order_generation
@@ -297,6 +304,7 @@ class ClusterWorkersWorkflow:
         publisher = self._publisher = asyncio.ensure_future(self._publish_loop())
         host_check = asyncio.ensure_future(self._check_ready_hosts())
         security_groups = asyncio.ensure_future(self._keep_security_groups())
+        recreated_image = asyncio.ensure_future(self._wait_recreated_infraenv())
 
         prepared = self._facts is not None and self._cluster is not None and not self._preparing
         if not prepared and (not self._decommissioning or self._slots):
@@ -332,6 +340,7 @@ class ClusterWorkersWorkflow:
         self._finished = True
         host_check.cancel()
         security_groups.cancel()
+        recreated_image.cancel()
         await self._flush_status(publisher)
         return self.status()
 
@@ -605,7 +614,31 @@ class ClusterWorkersWorkflow:
             return
         if ensured.created:
             # Someone deleted it: no host can boot until its discovery image is there again.
+            if workflow.patched(ClusterPatch.RECREATED_INFRAENV_WAITED_ASIDE.value):
+                self._infraenv_recreated += 1
+                return
             await self._wait_infraenv_ready(ensured.infraenv)
+
+    async def _wait_recreated_infraenv(self) -> None:
+        """Off the main loop: the hosts' creates wait for the discovery image themselves (retried
+        until the InfraEnv has one); the tenant sees why, and a fixed order is still applied."""
+        infraenv = InfraEnvRef.for_order(self._input.order)
+        while True:
+            await workflow.wait_condition(
+                lambda: self._infraenv_recreated > self._infraenv_image_seen and not self._decommissioning
+            )
+            wanted = self._infraenv_recreated
+            self._set_condition(
+                OrderConditionType.INFRA_ENV_READY,
+                ConditionStatus.FALSE,
+                "WaitingForImage",
+                "The InfraEnv was deleted and is created again; new hosts boot once its discovery image"
+                " is ready. If this lasts, check spec.pullSecret and spec.sshPublicKey; a corrected order"
+                " is applied.",
+            )
+            if await self._wait_infraenv_ready(infraenv):
+                self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
+                self._infraenv_image_seen = wanted
 
     async def _refresh_security_groups(self) -> None:
         """The tenant may change `networkAttachment.securityGroupRefs` on a live order; its hosts
@@ -986,6 +1019,7 @@ class ClusterWorkersWorkflow:
             security_groups_pending=self._security_groups_wanted > self._security_groups_applied,
             preparing=self._preparing,
             order_edited=self._order_edited,
+            infraenv_image_pending=self._infraenv_recreated > self._infraenv_image_seen,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(

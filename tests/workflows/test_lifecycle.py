@@ -20,7 +20,7 @@ from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import InfraEnvRef
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
-from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
+from contracts.workflows import NodeSetRequest, ScaleDownWorker, cluster_workflow_id, worker_workflow_id
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
 from tests.workflows.stack import (
     AGENT_API,
@@ -823,3 +823,56 @@ async def test_security_groups_changed_while_the_order_prepares_reach_its_first_
     assert list((await stack.security_groups(order)).values()) == [["sg-tight"]]
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_an_infraenv_created_again_waits_for_its_image_without_holding_the_order(stack: Stack) -> None:
+    """The InfraEnv is deleted behind our back, and the order's pull secret has meanwhile become
+    one no image can be built with. The InfraEnv created again shows WaitingForImage; a named
+    scale-down still goes through while it waits, and the tenant's fix brings the image and the
+    replaced worker back."""
+    api = stack.with_policy(ready_host_check=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 2})
+    await stack.apply(order, {"bm-standard": 2}, api)
+    before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
+    broken, named = order.worker_name(0), order.worker_name(1)
+    path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    bad = {"spec": {"pullSecret": "not-a-docker-config"}}
+    (await stack.hub_http.patch(path, json=bad, headers=merge)).raise_for_status()
+    name = InfraEnvRef.for_order(order).name
+    (
+        await stack.hub_http.delete(f"{AGENT_API}/namespaces/{order.namespace}/infraenvs/{name}")
+    ).raise_for_status()
+    (await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before[broken]}/break")).raise_for_status()
+
+    async def waiting_for_image() -> bool:
+        status = await stack.api.status(order)
+        found = [c for c in status.conditions if c.type == "InfraEnvReady" and c.reason == "WaitingForImage"]
+        return bool(found) and "created again" in (found[0].message or "")
+
+    await eventually(waiting_for_image, "InfraEnvReady=False/WaitingForImage", timeout=120)
+    leave = ScaleDownWorker(name=named)
+    await stack.api.handle(order).signal(ClusterWorkersWorkflow.scale_down_worker, leave)
+
+    async def named_gone() -> bool:
+        return named not in {w.name for w in (await stack.api.status(order)).workers}
+
+    await eventually(named_gone, "the named worker gone while the image is awaited", timeout=120)
+    fixed = {"spec": {"pullSecret": PULL_SECRET}}
+    (await stack.hub_http.patch(path, json=fixed, headers=merge)).raise_for_status()
+    await stack.apply(order, {"bm-standard": 1}, api)  # the controller's command for the new generation
+
+    async def back() -> bool:
+        status = await stack.api.status(order)
+        ready = [w for w in status.workers if w.phase == WorkerPhase.READY]
+        image = [c for c in status.conditions if c.type == "InfraEnvReady"]
+        return (
+            [w.name for w in ready] == [broken]
+            and ready[0].resource_id != before[broken]
+            and image[0].status == "True"
+        )
+
+    await eventually(back, "the replaced worker Ready on the image built after the fix", timeout=120)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.audit_violations() == []
