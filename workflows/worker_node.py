@@ -428,7 +428,13 @@ class WorkerNodeWorkflow:
         workflow.logger.warning("worker attempt failed: %s", failure)
         workflow.set_current_details(f"Attempt {progress.status.attempt_count} failed: {failure}")
         self._set_phase(WorkerPhase.FAILED)
+        shown = progress.status.model_copy()
         await self._release_until_done()
+        # A slow wipe or unbind showed its own reason meanwhile; once released, the attempt's is
+        # what the tenant must see until the next attempt.
+        progress.status.last_failure_reason = shown.last_failure_reason
+        progress.status.last_failure_message = shown.last_failure_message
+        progress.status.last_failure_time = shown.last_failure_time
         backoff = self._policy().backoff(failure.reason, progress.failures_in_a_row)
         progress.status.next_retry_time = workflow.now() + backoff
         await self._report_change()

@@ -409,3 +409,27 @@ async def test_a_scale_down_during_a_call_that_finishes_anyway_stops_the_attempt
     assert HubActivity.WAIT_AGENT_AND_HAND.value not in scheduled
     assert await stack.audit_violations() == []
     await _clean_decommission(stack, order)
+
+
+async def test_a_failed_attempts_reason_is_shown_again_once_its_slow_wipe_ends(stack: Stack) -> None:
+    """A failed attempt's host takes long to wipe: HostWipeStuck shows meanwhile, and once the
+    wipe ends the attempt's own reason (what the tenant can act on) is shown again."""
+    timings = (await stack.bmaas_http.get("/lab/v1/timings")).json()
+    await stack.set_bmaas_faults(provisioning_failure_rate=1.0)
+    (await stack.bmaas_http.patch("/lab/v1/timings", json={"wipe_s": 3600})).raise_for_status()
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+
+        async def wipe_stuck() -> bool:
+            worker = await _worker(stack, order)
+            return bool(worker and worker.last_failure_reason == FailureReason.HOST_WIPE_STUCK)
+
+        await eventually(wipe_stuck, "the failed attempt's wipe shown as stuck")
+    finally:
+        await stack.clear_bmaas_faults()
+        restored = {"wipe_s": timings["wipe_s"]}  # also ends the wipe in progress
+        (await stack.bmaas_http.patch("/lab/v1/timings", json=restored)).raise_for_status()
+    worker = (await stack.wait_ready(order, 1)).workers[0]
+    assert worker.last_failure_reason == FailureReason.BMI_PROVISIONING_FAILED
+    await _clean_decommission(stack, order)
