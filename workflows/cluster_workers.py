@@ -192,7 +192,9 @@ class ClusterWorkersWorkflow:
     @workflow.update
     async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
         self._node_sets = {n.name: n for n in command.node_sets}
-        self._edited_while_preparing = self._edited_while_preparing or self._preparing
+        # The order's first command comes while its facts are being read: only a later one counts.
+        if self._preparing and self._facts is not None:
+            self._edited_while_preparing = True
         if command.instance_types is not None:
             self._instance_types = set(command.instance_types)
         self._order_edited = True
@@ -312,8 +314,7 @@ class ClusterWorkersWorkflow:
             await self._prepare()
             self._preparing = False
             if (
-                self._edited_while_preparing
-                and self._facts is not None
+                self._facts_outdated()
                 and not self._decommissioning
                 and workflow.patched(ClusterPatch.ORDER_READ_AGAIN_AFTER_PREPARING.value)
             ):
@@ -478,6 +479,14 @@ class ClusterWorkersWorkflow:
                     )
                 await self._recheck_later()
         return None
+
+    def _facts_outdated(self) -> bool:
+        """A command came from an edit of the order made after its facts were read."""
+        if self._facts is None:
+            return False
+        if self._order_generation is not None and self._facts.generation is not None:
+            return self._order_generation > self._facts.generation
+        return self._edited_while_preparing
 
     async def _read_order_facts(self) -> OrderFacts | None:
         """The order as it is now, waiting out a hub that refuses to show it (a permission a rollout
