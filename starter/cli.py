@@ -2,7 +2,8 @@
 
 Configuration comes from the same environment as the worker (README: configuration reference):
 TEMPORAL_* for Temporal, KUBECONFIG for the hub, OSAC_FULFILLMENT_* for BMaaS, OSAC_TASK_QUEUE.
-Exit codes: 0 done, 1 refused / not found / did not settle, 2 bad usage, 3 a server is unreachable.
+Exit codes: 0 done, 1 refused / not found / did not settle, 2 bad usage or configuration (each bad
+variable named), 3 a server is unreachable.
 """
 
 from __future__ import annotations
@@ -27,20 +28,27 @@ from contracts.refs import OrderRef
 from contracts.workflows import ClusterWorkersStatus
 from lab.cli import lab_app
 from starter.api import CommandError, OrderNotFound
-from starter.config import StarterSettings
 from starter.controller import ClusterOrderController
 from starter.demo import demo_command
 from starter.dev import dev_app
 from starter.operations import DEFAULT_SCALE_TIMEOUT
 from starter.orders import OrderChangeError
 from starter.render import follow, settled, summary_line, workers_table
-from starter.runtime import Unreachable, bmaas_client, connect_temporal, open_callers, open_hub, workers_api
+from starter.runtime import (
+    Unreachable,
+    bmaas_client,
+    connect_temporal,
+    load_configuration,
+    open_callers,
+    open_hub,
+    workers_api,
+)
 from starter.validation import InstanceTypeCatalog
 from worker.cli import QUIET_LOGGERS, codec_app, worker_command
 from worker.codec import CodecConfigError
 from worker.health import serve_health
 from worker.main import install_stop_signals
-from worker.settings import Settings
+from worker.settings import ConfigError
 from worker.telemetry import setup_telemetry
 
 T = TypeVar("T")
@@ -60,6 +68,9 @@ class _Cli(typer.Typer):
             super().__call__(*args, **kwargs)
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except ConfigError as err:  # a command that did not map it: still the README's exit 2
+            config_failure(err)
+            code = ExitCode.USAGE
         except BaseException:
             traceback.print_exc()
             code = 1
@@ -109,10 +120,19 @@ def fail(message: str, code: ExitCode = ExitCode.FAILED) -> typer.Exit:
     return typer.Exit(int(code))
 
 
+def config_failure(err: ConfigError) -> typer.Exit:
+    """One line per problem, each naming its environment variable; exit 2 (bad configuration)."""
+    for problem in err.problems:
+        err_console.print(f"[bold red]error:[/] configuration: {problem}", highlight=False, soft_wrap=True)
+    return typer.Exit(int(ExitCode.USAGE))
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command; map known failures to a message and an exit code."""
     try:
         return asyncio.run(coro)
+    except ConfigError as err:
+        raise config_failure(err) from None
     except Unreachable as err:
         raise fail(str(err), ExitCode.UNREACHABLE) from None
     except CodecConfigError as err:
@@ -140,8 +160,9 @@ def print_status(status: ClusterWorkersStatus, output: OutputFormat) -> None:
 
 
 async def _status_only(order: OrderRef) -> ClusterWorkersStatus:
+    settings, starter = load_configuration()
     client = await connect_temporal()
-    return await workers_api(client, Settings(), StarterSettings()).status(order)
+    return await workers_api(client, settings, starter).status(order)
 
 
 @app.command()
@@ -244,8 +265,9 @@ def watch(
     ref = parse_order(order)
 
     async def main() -> ClusterWorkersStatus | None:
+        settings, starter = load_configuration()
         client = await connect_temporal()
-        api = workers_api(client, Settings(), StarterSettings())
+        api = workers_api(client, settings, starter)
         return await _follow(api.status, ref, timeout or None)
 
     final = run(main())
@@ -275,7 +297,10 @@ def controller(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:  # request URLs at INFO are noise (and some carry tokens)
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
-    settings, starter = Settings(), StarterSettings()
+    try:
+        settings, starter = load_configuration()
+    except ConfigError as err:
+        raise config_failure(err) from None
     try:
         telemetry = setup_telemetry(settings.metrics_bind, service_name="osac-workers-controller")
     except RuntimeError as err:  # e.g. the metrics port is taken

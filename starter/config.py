@@ -12,11 +12,13 @@ from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.worker import TimingPolicy
 from contracts.workflows import DEFAULT_MAX_WORKERS_PER_ORDER
+from worker.settings import ConfigError, env_variable
 
 
 class TimingPreset(StrEnum):
@@ -50,6 +52,11 @@ def demo_policy() -> TimingPolicy:
     )
 
 
+def _located(error: ErrorDetails) -> str:
+    field = ".".join(str(part) for part in error["loc"])
+    return f"{field}: {error['msg']}" if field else error["msg"]
+
+
 PRESETS = {TimingPreset.PRODUCTION: TimingPolicy, TimingPreset.DEMO: demo_policy}
 
 
@@ -65,8 +72,19 @@ class StarterSettings(BaseSettings):
     max_workers_per_order: int = Field(default=DEFAULT_MAX_WORKERS_PER_ORDER, gt=0)
 
     def policy(self) -> TimingPolicy:
+        """The preset with the file's overrides; a file that cannot be read or is not a valid
+        `TimingPolicy` is a `ConfigError` naming the variable, one line per problem."""
         base = PRESETS[self.timing_policy]()
-        if self.timing_policy_file is None:
+        path = self.timing_policy_file
+        if path is None:
             return base
-        overrides = TimingPolicy.model_validate_json(self.timing_policy_file.read_text())
+        where = f"{env_variable(type(self), 'timing_policy_file')}={path}"
+        try:
+            text = path.read_text()
+        except (OSError, ValueError) as err:  # missing, unreadable, a directory, not UTF-8
+            raise ConfigError([f"{where}: cannot read it: {err}"]) from None
+        try:
+            overrides = TimingPolicy.model_validate_json(text)
+        except ValidationError as err:
+            raise ConfigError([f"{where}: {_located(e)}" for e in err.errors()]) from None
         return base.model_copy(update=overrides.model_dump(exclude_unset=True))

@@ -3,9 +3,10 @@
 `WorkersApi` talks to Temporal only; these also read and write the order on the hub:
 - `scale`: checks the new count with the workflow validator's rules, writes `numberOfNodes` on the
   ClusterOrder, then waits until the controller has made the workflow take it (or rejected it);
-- `scale_down_worker`: checks the name, signals the workflow (which lowers that node set's count and
-  releases exactly that worker), then lowers `numberOfNodes` on the order so both agree. In this
-  order, because a lower count arriving first would make the workflow pick a victim itself;
+- `scale_down_worker`: checks the name (a worker already leaving is refused), signals the workflow
+  (which lowers that node set's count and releases exactly that worker), then lowers the order's own
+  `numberOfNodes` by one so both agree. In this order, because a lower count arriving first would
+  make the workflow pick a victim itself;
 - `decommission`: refuses while the order still asks for workers (the controller would provision
   them again) unless forced: deleting the order is the way to decommission a managed one.
 """
@@ -160,7 +161,10 @@ class OrderOperations:
             await asyncio.sleep(0.5)
 
     async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
-        """Release one named worker and lower its node set's count on the order to match."""
+        """Release one named worker and lower its node set's count on the order to match.
+
+        A worker already leaving is refused (by `WorkersApi.scale_down_worker`) before the order is
+        touched: lowering the count for it would make the workflow release another worker."""
         obj = await self.orders.get(order)
         if obj is not None and order_facts(order, obj).deleting:
             raise CommandError(f"order {order.key} is being deleted")
@@ -168,8 +172,26 @@ class OrderOperations:
         if obj is None:
             self._warn(f"no ClusterOrder {order.key} on the hub: only the workflow's count was lowered")
             return lowered
-        await self.orders.set_node_count(order, lowered.name, lowered.count)
-        return lowered
+        return await self._lower_order_count(order, lowered)
+
+    async def _lower_order_count(self, order: OrderRef, lowered: NodeSetRequest) -> NodeSetRequest:
+        """One fewer than the order asks for now, not the workflow's count: a tenant's edit the
+        controller has not applied yet (3 -> 5) must become 4, not be overwritten with 2."""
+        obj = await self.orders.get(order)
+        asks = (
+            next((n for n in order_facts(order, obj).node_sets if n.name == lowered.name), None)
+            if obj is not None
+            else None
+        )
+        if asks is None:
+            self._warn(
+                f"ClusterOrder {order.key} no longer asks for node set {lowered.name}:"
+                " only the workflow's count was lowered"
+            )
+            return lowered
+        count = max(asks.count - 1, 0)
+        await self.orders.set_node_count(order, lowered.name, count)
+        return lowered.model_copy(update={"count": count})
 
     async def decommission(self, order: OrderRef, *, force: bool = False) -> ClusterWorkersStatus:
         if not force:

@@ -16,12 +16,32 @@ from starter.config import StarterSettings
 from starter.operations import OrderOperations
 from starter.orders import HubOrders
 from starter.validation import InstanceTypeCatalog
-from worker.settings import Settings
+from worker.settings import ConfigError, Settings, load_settings
 from worker.temporal_client import connect_patiently
 
 
 class Unreachable(Exception):
     """Temporal or the hub cannot be reached, or is not configured."""
+
+
+def load_configuration() -> tuple[Settings, StarterSettings]:
+    """Both settings groups and the timing policy file, checked before anything connects; a
+    `ConfigError` lists every problem of either at once."""
+    problems: list[str] = []
+    settings: Settings | None = None
+    starter: StarterSettings | None = None
+    try:
+        settings = load_settings(Settings)
+    except ConfigError as err:
+        problems.extend(err.problems)
+    try:
+        starter = load_settings(StarterSettings)
+        starter.policy()
+    except ConfigError as err:
+        problems.extend(err.problems)
+    if problems or settings is None or starter is None:
+        raise ConfigError(problems)
+    return settings, starter
 
 
 def open_hub(settings: Settings) -> HubKube:
@@ -75,7 +95,7 @@ class Callers:
 @contextlib.asynccontextmanager
 async def open_callers(warn: Callable[[str], None] | None = None) -> AsyncIterator[Callers]:
     """Temporal, the hub and BMaaS for a CLI command; closed on exit."""
-    settings, starter = Settings(), StarterSettings()
+    settings, starter = load_configuration()
     client = await connect_temporal()
     api = workers_api(client, settings, starter)
     kube = open_hub(settings)

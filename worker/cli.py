@@ -14,7 +14,7 @@ from worker.codec import CodecConfigError, codec_from_env, generate_key_entry
 from worker.codec_server import DEFAULT_UI_ORIGIN, create_codec_app
 from worker.health import split_bind
 from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
-from worker.settings import Settings
+from worker.settings import ConfigError, Settings, load_settings
 from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect_patiently
 
@@ -34,7 +34,12 @@ def worker_command(
 ) -> None:
     """Run workflows and activities (configuration from the environment: see the README)."""
     _logging(log_level)
-    settings = Settings()
+    try:
+        settings = load_settings(Settings)
+    except ConfigError as err:  # one line per bad variable, exit 2 (the README's exit codes)
+        for problem in err.problems:
+            typer.echo(f"error: configuration: {problem}", err=True)
+        raise typer.Exit(2) from None
     try:
         telemetry = setup_telemetry(settings.metrics_bind, service_name="osac-workers-worker")
     except RuntimeError as err:  # e.g. the metrics port is taken

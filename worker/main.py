@@ -230,6 +230,9 @@ async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) ->
             )
             await stop.wait()
             log.info("stopping: finishing in-flight work (up to %ss)", settings.graceful_shutdown_seconds)
+            # Both at once: one after the other (the exit stack's order), the drain would take a
+            # grace period per worker, and the second would take new tasks during the first's.
+            await asyncio.gather(*(worker.shutdown() for worker in workers))
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

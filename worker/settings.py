@@ -10,13 +10,17 @@ Three groups, each read on its own so a process only validates what it uses:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, get_args
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from activities.reporting import DEFAULT_BATCH_WINDOW_S
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
@@ -118,3 +122,64 @@ class CodecSettings(BaseSettings):
     @property
     def enabled(self) -> bool:
         return bool((self.keys and self.keys.get_secret_value().strip()) or self.keys_file)
+
+
+# --------------------------------------------------------------------------------- loading errors
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class ConfigError(ValueError):
+    """Configuration that cannot be used: one line per problem, each naming its environment variable
+    (the commands print them and exit 2, as the README promises)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def env_variable(cls: type[BaseSettings], field: str) -> str:
+    """The environment variable a field of `cls` is read from (its alias, else prefix + name)."""
+    info = cls.model_fields.get(field)
+    if info is None:
+        return field  # pydantic names an aliased field by its alias, which is the variable
+    if isinstance(info.validation_alias, str):
+        return info.validation_alias
+    return f"{cls.model_config.get('env_prefix') or ''}{field}".upper()
+
+
+def _secret(info: FieldInfo | None) -> bool:
+    annotation = info.annotation if info is not None else None
+    return annotation is SecretStr or SecretStr in get_args(annotation)
+
+
+def _field_of(cls: type[BaseSettings], name: str) -> FieldInfo | None:
+    found = cls.model_fields.get(name)
+    if found is not None:
+        return found
+    return next((f for f in cls.model_fields.values() if f.validation_alias == name), None)
+
+
+def _problem(cls: type[BaseSettings], error: ErrorDetails) -> str:
+    first, *rest = error["loc"] or ("?",)
+    where = env_variable(cls, str(first)) + "".join(f"[{part}]" for part in rest)
+    value = error.get("input")
+    plain = error["loc"] and isinstance(value, str | int | float) and not _secret(_field_of(cls, str(first)))
+    shown = f" (got {value!r})" if plain else ""
+    return f"{where}: {error['msg']}{shown}"
+
+
+_SETTINGS_FIELD = re.compile(r'field "([^"]+)"')
+
+
+def load_settings(cls: type[S]) -> S:
+    """`cls()` from the environment, or a `ConfigError` naming each bad variable and why."""
+    try:
+        return cls()
+    except ValidationError as err:
+        raise ConfigError([_problem(cls, e) for e in err.errors()]) from None
+    except SettingsError as err:
+        # A list variable that is not JSON: pydantic-settings stops there, before validating the rest.
+        match = _SETTINGS_FIELD.search(str(err))
+        where = env_variable(cls, match.group(1)) if match else cls.__name__
+        raise ConfigError([f"{where}: not valid JSON ({err.__cause__ or err})"]) from None

@@ -30,6 +30,7 @@ from tests.starter.harness import (
 from tests.workflows.stack import Stack
 
 CLI = str(Path(sys.executable).parent / "osac-workers")
+BMI_ROUTE = "/api/private/v1/baremetal_instances"
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +91,32 @@ async def test_scale_and_a_named_scale_down_keep_the_order_and_the_workflow_in_a
     status = await stack.api.status(order)
     assert {w.name for w in status.workers} == {order.worker_name(0), order.worker_name(2)}
     assert [(n.name, n.count) for n in status.node_sets] == [("bm-standard", 2)]
+
+
+async def test_a_second_scale_down_of_a_leaving_worker_is_refused_and_releases_no_other(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    """Run again while the named worker is still leaving, `scale-down` exits 1 and changes nothing:
+    lowering the order once more would make the workflow release a Ready worker nobody named."""
+    order = await create_order(stack, bare_metal(bm_standard=3))
+    await wait_ready(stack, order, 3)
+    victim = order.worker_name(2)
+    # BMaaS refuses the release's DELETE until the faults are cleared: the worker stays leaving.
+    await stack.set_bmaas_faults(routes={f"DELETE {BMI_ROUTE}/{{id}}": {"error_rate": 1.0}})
+    try:
+        first = await cli(env, "scale-down", order.key, victim)
+        assert first.returncode == 0, first.stderr
+        assert count_of(await get_order(stack, order), "bm-standard") == 2
+        again = await cli(env, "scale-down", order.key, victim)
+        assert again.returncode == 1, (again.stdout, again.stderr)
+        assert f"{victim} of order {order.key} is already leaving" in again.stderr
+        assert count_of(await get_order(stack, order), "bm-standard") == 2
+    finally:
+        await stack.clear_bmaas_faults()
+    await wait_ready(stack, order, 2)
+    await wait_observed(stack, ctl, order)
+    status = await stack.api.status(order)
+    assert {w.name for w in status.workers} == {order.worker_name(0), order.worker_name(1)}
 
 
 async def test_a_mass_scale_down_needs_confirm(
@@ -250,3 +277,55 @@ async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str,
     no_hub = await cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w")
     assert no_hub.returncode == 3
     assert "KUBECONFIG" in no_hub.stderr
+
+
+async def test_bad_configuration_exits_2_naming_each_variable(env: dict[str, str], tmp_path: Path) -> None:
+    """Every command: one line per bad variable with the reason, exit 2, no traceback."""
+    policy = tmp_path / "policy.json"
+    policy.write_text('{"agent_registration_timeout": "soon"}')
+    cases: list[tuple[list[str], dict[str, str], list[str]]] = [
+        (
+            ["controller"],
+            {"OSAC_CONTROLLER_RESYNC_SECONDS": "abc", "OSAC_MAX_WORKERS_PER_ORDER": "0"},
+            [
+                "OSAC_CONTROLLER_RESYNC_SECONDS: Input should be a valid number",
+                "OSAC_MAX_WORKERS_PER_ORDER: Input should be greater than 0",
+            ],
+        ),
+        (
+            ["decommission", "ns/order"],
+            {"OSAC_CONTROLLER_NAMESPACES": "[tenant-a"},
+            ["OSAC_CONTROLLER_NAMESPACES: not valid JSON"],
+        ),
+        (
+            ["worker"],
+            {"OSAC_MAX_CONCURRENT_ACTIVITIES": "0"},
+            ["OSAC_MAX_CONCURRENT_ACTIVITIES: Input should be greater than 0"],
+        ),
+        (
+            ["status", "ns/order"],
+            {"OSAC_TIMING_POLICY_FILE": "/nonexistent/policy.json"},
+            ["OSAC_TIMING_POLICY_FILE=/nonexistent/policy.json: cannot read it"],
+        ),
+        (
+            ["scale-down", "ns/order", "w"],
+            {"OSAC_TIMING_POLICY_FILE": str(policy), "OSAC_WORKER_ROLE": "everything"},
+            [
+                "OSAC_WORKER_ROLE: Input should be 'all', 'workflows' or 'activities'",
+                f"OSAC_TIMING_POLICY_FILE={policy}: agent_registration_timeout: Input should be a valid",
+            ],
+        ),
+        (
+            ["watch", "ns/order"],
+            {"OSAC_TIMING_POLICY": "fast"},
+            ["OSAC_TIMING_POLICY: Input should be 'production' or 'demo'"],
+        ),
+    ]
+    results = await asyncio.gather(*(cli({**env, **extra}, *args) for args, extra, _ in cases))
+    for (args, _, messages), result in zip(cases, results, strict=True):
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        problems = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(problems) == len(messages), (args, result.stderr)
+        for message in messages:
+            assert any(message in line for line in problems), (args, message, result.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -175,6 +176,13 @@ def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(ValueError, match="wait_heartbeat_timeout") as refused:
         StarterSettings().policy()
     assert "greater than 0" in str(refused.value) and "call_timeout" not in str(refused.value)
+    # Named by its variable, so the commands can print it and exit 2 (README: exit codes).
+    assert str(refused.value).startswith(f"OSAC_TIMING_POLICY_FILE={overrides}: wait_heartbeat_timeout: ")
+    overrides.unlink()
+    with pytest.raises(
+        ValueError, match="^" + re.escape(f"OSAC_TIMING_POLICY_FILE={overrides}: cannot read it: ")
+    ):
+        StarterSettings().policy()
 
 
 async def test_the_work_queue_dedupes_and_never_hands_out_a_key_twice_at_once() -> None:

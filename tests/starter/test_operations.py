@@ -1,0 +1,85 @@
+"""The library behind `scale-down` (`OrderOperations` over `WorkersApi`) against a stack with a
+running controller: the ClusterOrder and the workflow keep agreeing, and only the named worker goes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contracts.refs import OrderRef
+from starter.api import CommandError
+from starter.operations import OrderOperations
+from starter.orders import HubOrders
+from starter.validation import InstanceTypeCatalog
+from tests.starter.harness import (
+    UNMANAGED,
+    RunningController,
+    bare_metal,
+    create_order,
+    get_order,
+    patch_order,
+    wait_observed,
+    wait_ready,
+)
+from tests.workflows.stack import Stack, eventually
+
+
+def operations(stack: Stack, ctl: RunningController) -> OrderOperations:
+    return OrderOperations(stack.api, HubOrders(ctl.kube), InstanceTypeCatalog(ctl.bmaas))
+
+
+def count_of(obj: dict[str, Any] | None, instance_type: str) -> int:
+    for request in (obj or {})["spec"]["nodeRequests"]:
+        if (request.get("bareMetal") or {}).get("instanceType") == instance_type:
+            return int(request["numberOfNodes"])
+    raise AssertionError(f"no node request {instance_type}")
+
+
+async def only_workers(stack: Stack, ref: OrderRef, names: set[str]) -> None:
+    async def probe() -> bool:
+        status = await stack.api.status(ref)
+        return {w.name for w in status.workers} == names and status.ready_workers == len(names)
+
+    await eventually(probe, f"exactly {sorted(names)} Ready", timeout=120)
+
+
+async def test_a_named_scale_down_repeated_at_once_releases_no_other_worker(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """The same command again (a retry, a second operator) while the worker is still leaving is
+    refused: lowering the count once more would make the workflow release a Ready worker nobody named."""
+    ref = await create_order(stack, bare_metal(bm_standard=3))
+    await wait_ready(stack, ref, 3)
+    ops = operations(stack, ctl)
+    w0, w1, w2 = (ref.worker_name(i) for i in range(3))
+
+    first = await ops.scale_down_worker(ref, w2)
+    assert (first.name, first.count) == ("bm-standard", 2)
+    with pytest.raises(CommandError, match=f"{w2} of order {ref.key} is already leaving"):
+        await ops.scale_down_worker(ref, w2)
+    assert count_of(await get_order(stack, ref), "bm-standard") == 2  # lowered once
+
+    await wait_ready(stack, ref, 2)
+    await wait_observed(stack, ctl, ref)
+    status = await stack.api.status(ref)
+    assert {w.name for w in status.workers} == {w0, w1}
+    assert [(n.name, n.count) for n in status.node_sets] == [("bm-standard", 2)]
+
+
+async def test_a_named_scale_down_lowers_the_count_the_order_asks_for_now(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """A tenant's edit the workflow has not taken yet (3 -> 5) is kept: the order goes to 4, not to
+    the workflow's 3 - 1. (The controller leaves an unmanaged order alone, so the edit stays untaken.)"""
+    ref = await create_order(stack, bare_metal(bm_standard=3))
+    await wait_ready(stack, ref, 3)
+    await patch_order(stack, ref, {"metadata": {"annotations": UNMANAGED}})
+    await patch_order(stack, ref, {"spec": {"nodeRequests": bare_metal(bm_standard=5)}})
+    await wait_observed(stack, ctl, ref)
+    assert [(n.name, n.count) for n in (await stack.api.status(ref)).node_sets] == [("bm-standard", 3)]
+
+    lowered = await operations(stack, ctl).scale_down_worker(ref, ref.worker_name(2))
+    assert (lowered.name, lowered.count) == ("bm-standard", 4)
+    assert count_of(await get_order(stack, ref), "bm-standard") == 4
+    await only_workers(stack, ref, {ref.worker_name(0), ref.worker_name(1)})
