@@ -253,14 +253,15 @@ class BmaasActivities:
 
     @activity.defn
     async def wait_instance_running(self, req: InstanceRef) -> InstanceRunning:
-        """Heartbeating wait until the BMI runs with its NICs known; a FAILED BMI fails for good."""
+        """Heartbeating wait until the BMI runs; a FAILED BMI, or a running one none of whose NICs
+        reports a MAC (no Agent could ever be matched to it), fails for good."""
 
         def done(obs: Observed) -> bool:
             if not isinstance(obs, BmiSnapshot):
                 return True
-            if obs.state == BmiState.RUNNING:
-                return bool(obs.macs or obs.unusable_macs)  # MACs are filled once after allocation
-            return obs.state in (BmiState.FAILED, BmiState.DELETING)
+            # RUNNING is final for this wait, MACs or not: they are filled at allocation, before the
+            # host runs, so a running BMI without one will not get one by waiting.
+            return obs.state in (BmiState.RUNNING, BmiState.FAILED, BmiState.DELETING)
 
         every = self._tick()
         beat = Heartbeat(every)
@@ -283,9 +284,10 @@ class BmaasActivities:
             )
         if not obs.macs:
             # No Agent could ever be matched to this host: fail the attempt now, not at the deadline.
+            reported = ", ".join(obs.unusable_macs)[:200] if obs.unusable_macs else "no address at all"
             raise ApplicationError(
                 f"BMI {obs.name} ({obs.id}) is running but none of its NICs reports a MAC address"
-                f" (reported: {', '.join(obs.unusable_macs)[:200]})",
+                f" (reported: {reported})",
                 type=BmaasErrorType.PROVISIONING_FAILED.value,
                 non_retryable=True,
             )
@@ -432,10 +434,12 @@ class BmaasActivities:
 
         A fresh list, not the watcher's cache: an Agent is bound on this answer, so a host that
         started running moments ago must be seen. DELETING BMIs count (the host still has its NICs).
-        The server filters by MAC (every CaaS BMI per bound worker would make a burst quadratic);
-        the answer is checked again here on normalised MACs."""
+        The server cannot filter by MAC: its List filter becomes SQL, and a macro over the NICs
+        (`nics.exists(...)`) is refused with Internal (HTTP 500, for ever). So this lists every CaaS
+        BMI and matches here, on MACs normalised as an Agent's are (`BmiSnapshot.macs`); the request
+        carries no MAC, so the spelling of either side cannot matter."""
         wanted = set(req.macs)
-        items = await self.client.list_instances(f"{LIST_FILTER} && {nic_mac_filter(wanted)}")
+        items = await self.client.list_instances(LIST_FILTER)
         snapshots = [BmiSnapshot.from_api(item) for item in items]
         found = {
             s.id
@@ -560,10 +564,3 @@ def _previous_deleting_since() -> datetime | None:
         if progress.deleting_since is not None:
             return progress.deleting_since
     return None
-
-
-def nic_mac_filter(macs: set[str]) -> str:
-    """CEL: a NIC of the BMI has one of `macs` (normalised; the API reports lowercase, upper case
-    is matched too so a differently spelling server is not silently missed)."""
-    spellings = sorted({m for mac in macs for m in (mac, mac.upper())})
-    return f"this.status.hardware.nics.exists(n, n.mac in [{', '.join(cel_string(m) for m in spellings)}])"

@@ -248,25 +248,41 @@ class BmaasClient:
     async def list_all(
         self, collection: str, cel_filter: str | None = None, page_size: int = 100
     ) -> list[Any]:
-        """Every item of a collection matching a CEL filter, following `offset`/`total` pages."""
+        """Every item of a collection matching a CEL filter, in pages by keyset.
+
+        The server orders every List by id (generic_dao_list.go; the API's `order` is never read), so
+        each page asks for the ids after the last one seen (`this.id > '<last>'`, which its filter
+        translator supports). Offsets would shift when an object before the offset disappears between
+        two pages, and the first object of the next page would be skipped: a live BMI a relist
+        missed could be taken for gone.
+        """
         items: list[Any] = []
-        offset = 0
+        seen: set[str] = set()
+        last: str | None = None
         while True:
-            params: dict[str, str | int] = {"offset": offset, "limit": page_size}
-            if cel_filter:
-                params["filter"] = cel_filter
+            clauses = [f"({cel_filter})"] if cel_filter and cel_filter.strip() else []
+            if last is not None:
+                clauses.append(f"this.id > {cel_string(last)}")
+            params: dict[str, str | int] = {"limit": page_size}
+            if clauses:
+                params["filter"] = " && ".join(clauses)
             page = await self.request("GET", f"/{collection}", params=params)
             if not isinstance(page, dict):
                 raise BmaasApiError(f"GET /{collection}: not a list answer", BmaasErrorType.PROTOCOL)
             batch = page.get("items") or []
+            ids = [item.get("id") if isinstance(item, dict) else None for item in batch]
+            if not all(isinstance(i, str) and i and i not in seen for i in ids):
+                # No next page can be asked for without ids, and a repeated one would loop for ever.
+                raise BmaasApiError(
+                    f"GET /{collection}: a page without ids, or repeating ids", BmaasErrorType.PROTOCOL
+                )
+            seen.update(str(i) for i in ids)
             items.extend(batch)
-            offset += len(batch)
+            # `total` counts what matched this page's filter: the rest, from this page on.
             total = _as_int(page.get("total"))
-            if total is not None:
-                if not batch or offset >= total:
-                    return items
-            elif len(batch) < page_size:
+            if not batch or (len(batch) >= total if total is not None else len(batch) < page_size):
                 return items
+            last = str(ids[-1])
 
     async def get(self, collection: str, object_id: str) -> dict[str, Any]:
         obj = await self.request("GET", f"/{collection}/{_segment(object_id)}")

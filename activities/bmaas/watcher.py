@@ -4,7 +4,11 @@ The stream has no resume point, so the watcher subscribes first and then lists t
 does that again after every disconnect. It keeps the latest known snapshot per BMI id and wakes the
 waiters on each change. Only while the stream is down does it poll (one GET per waited id, with a
 growing interval). A waiting activity therefore costs a constant number of API calls (at most one
-seeding GET, and one confirming GET for "gone"), however long a host takes.
+seeding GET, one per relist that misses its BMI, and one confirming GET for "gone"), however long a
+host takes.
+
+Gone is only ever a DELETED event or a GET's NotFound: a BMI a list does not show is forgotten, and a
+waiter on it asks for it by id (a list is many requests, and what it misses proves nothing).
 """
 
 from __future__ import annotations
@@ -53,6 +57,13 @@ Observed = BmiSnapshot | Gone
 
 
 @dataclass
+class _Read:
+    """A GET in flight; stale once its id changed meanwhile (its answer is then dropped)."""
+
+    stale: bool = False
+
+
+@dataclass
 class WatcherStats:
     subscriptions: int = 0
     lists: int = 0
@@ -98,6 +109,8 @@ class BmiWatcher:
         self._tombstones: dict[str, float] = {}
         self._touched: dict[str, int] = {}  # id -> sequence number of its last change
         self._seq = 0
+        # The GETs in flight, per id: a change of the id while one is in flight makes its answer stale.
+        self._reads: dict[str, list[_Read]] = {}
         # The waited ids, each with its waiters' events. A waiter is woken by changes to its own BMI
         # only: waking every waiter on every event cost a scale-up of N hosts N x (events per host)
         # wake-ups, all on the activities' loop.
@@ -164,23 +177,37 @@ class BmiWatcher:
         return None
 
     async def refresh(self, bmi_id: str) -> Observed:
-        """One GET, applied to the shared state (seeding a waiter, or confirming an absence)."""
-        self.stats.seeds += 1
-        return await self._fetch(bmi_id)
+        """A GET, applied to the shared state (seeding a waiter, or confirming an absence); the latest
+        observation afterwards. Asks again if a relist forgot the id while the GET was in flight."""
+        while True:
+            self.stats.seeds += 1
+            observed = await self._fetch(bmi_id)
+            if observed is not None:
+                return observed
 
-    async def _fetch(self, bmi_id: str) -> Observed:
+    async def _fetch(self, bmi_id: str) -> Observed | None:
+        """One GET. Its answer is applied only if nothing changed the id while it was in flight: an
+        event or a list seen meanwhile may be newer (a DELETED event must never be undone by a GET
+        answered just before the wipe finished)."""
+        read = _Read()
+        self._reads.setdefault(bmi_id, []).append(read)
         try:
             obj = await self.client.get_instance(bmi_id)
         except BmaasApiError as err:
-            if err.is_not_found:
-                self._apply_gone(bmi_id)
-                self._wake(bmi_id)
-                return GONE
-            raise
-        snapshot = BmiSnapshot.from_api(obj)
-        self._apply(snapshot)
+            if not err.is_not_found:
+                raise
+            obj = None  # NotFound is final: ids are never reused, so no later change can undo it
+        finally:
+            reads = self._reads[bmi_id]
+            reads.remove(read)
+            if not reads:
+                del self._reads[bmi_id]
+        if obj is None:
+            self._apply_gone(bmi_id)
+        elif not read.stale:
+            self._apply(BmiSnapshot.from_api(obj))
         self._wake(bmi_id)
-        return self._objects.get(bmi_id, GONE)
+        return self.observed(bmi_id)
 
     async def wait(
         self,
@@ -212,8 +239,8 @@ class BmiWatcher:
             while True:
                 waker.clear()
                 observed = self.observed(bmi_id)
-                # None here means a relist dropped it as absent (and the tombstone was pruned): gone.
-                current = GONE if observed is None else observed
+                # Unknown again: a relist did not show it. Only the server, asked by id, can say gone.
+                current = await self.refresh(bmi_id) if observed is None else observed
                 if done(current):
                     return current
                 on_tick(current, self.streaming)
@@ -241,15 +268,28 @@ class BmiWatcher:
             return False  # an older view (a list answer racing an event)
         self._tombstones.pop(snapshot.id, None)
         self._objects[snapshot.id] = snapshot
-        self._seq += 1
-        self._touched[snapshot.id] = self._seq
+        self._touch(snapshot.id)
         return True
 
     def _apply_gone(self, bmi_id: str) -> None:
         self._objects.pop(bmi_id, None)
         self._tombstones[bmi_id] = time.monotonic()
+        self._touch(bmi_id)
+
+    def _forget(self, bmi_id: str) -> None:
+        """Drop what is known of an id (a list did not show it): unknown, not gone."""
+        self._objects.pop(bmi_id, None)
+        self._touched.pop(bmi_id, None)
+        self._stale_reads(bmi_id)
+
+    def _touch(self, bmi_id: str) -> None:
         self._seq += 1
         self._touched[bmi_id] = self._seq
+        self._stale_reads(bmi_id)
+
+    def _stale_reads(self, bmi_id: str) -> None:
+        for read in self._reads.get(bmi_id, ()):
+            read.stale = True
 
     def _wake(self, bmi_id: str) -> None:
         for waker in self._wakers.get(bmi_id, ()):
@@ -273,7 +313,8 @@ class BmiWatcher:
         self._wake(snapshot.id)
 
     async def _relist(self) -> None:
-        """Close the gap: the list is authoritative for ids untouched while it was in flight."""
+        """Close the gap: the list updates the ids untouched while it was in flight. An id it does not
+        show is forgotten, never taken for gone: a waiter on it then asks by id (see `wait`)."""
         self.stats.lists += 1
         started = self._seq
         items = await self.client.list_instances(self.list_filter)
@@ -286,7 +327,7 @@ class BmiWatcher:
             self._apply(snapshot)
         for bmi_id in list(self._objects):
             if bmi_id not in listed and self._touched.get(bmi_id, 0) <= started:
-                self._apply_gone(bmi_id)
+                self._forget(bmi_id)
         now = time.monotonic()
         for bmi_id, at in list(self._tombstones.items()):
             if now - at > _TOMBSTONE_TTL and bmi_id not in self._wakers:

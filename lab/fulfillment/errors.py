@@ -100,6 +100,10 @@ class ApiError(Exception):
     def unavailable(cls, message: str) -> ApiError:
         return cls(GrpcCode.UNAVAILABLE, message)
 
+    @classmethod
+    def internal(cls, message: str) -> ApiError:
+        return cls(GrpcCode.INTERNAL, message)
+
 
 def field_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
     """Turn a pydantic error location into `spec.network_attachments[0].primary`."""

@@ -4,6 +4,7 @@ List answers (`filter`, `order`, `offset`, `limit` → `{size, total, items}`) a
 from __future__ import annotations
 
 import copy
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -12,11 +13,13 @@ from typing import Any, TypeVar
 import cel
 from pydantic import BaseModel, ValidationError
 
-from lab.fulfillment.celfilter import LIST_VARIABLE, compile_filter
+from lab.fulfillment.celfilter import LIST_VARIABLE, compile_filter, untranslatable
 from lab.fulfillment.errors import ApiError, field_path
 from lab.fulfillment.models import Metadata, utcnow
 
 M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LIST_LIMIT = 100
 
@@ -151,20 +154,6 @@ def check_unchanged(field: str, stored: Any, sent: Any) -> None:
         raise ApiError.invalid(field, "is immutable and cannot be changed")
 
 
-def _order_key(path: list[str]) -> Any:
-    def key(obj: dict[str, Any]) -> tuple[int, str, float]:
-        value: Any = obj
-        for part in path:
-            value = value.get(part) if isinstance(value, dict) else None
-        if value is None:
-            return (0, "", 0.0)
-        if isinstance(value, bool | int | float):
-            return (1, "", float(value))
-        return (2, str(value), 0.0)
-
-    return key
-
-
 def copy_tree(value: Any) -> Any:
     """A deep copy of rendered JSON (dicts, lists, scalars); much cheaper than `copy.deepcopy`."""
     if isinstance(value, dict):
@@ -183,16 +172,25 @@ def list_answer(
     limit: int | None,
     activations: Sequence[Callable[[], cel.Context]] | None = None,
 ) -> dict[str, Any]:
-    """`{size, total, items}` over already-rendered, caller-visible objects (creation order).
+    """`{size, total, items}` over already-rendered, caller-visible objects, ordered by id.
+
+    As the real service (generic_dao_list.go): the SQL always orders by id, and `order` is accepted but
+    never read, so a client can page by keyset (`this.id > '<last id>'`). A filter the real SQL
+    translator cannot translate fails the List as the real generic server does: Internal, "failed to
+    list" (the reason goes to the log only).
 
     `activations`, if given, parallels `items`: each returns the item's CEL activation for `this`
     (see `celfilter.activation`), so a caller that caches them skips the per-item CEL conversion.
     """
+    del order  # never read by the real server either
     if offset is not None and offset < 0:
         raise ApiError.invalid("offset", "must not be negative")
     if limit is not None and limit < 0:
         raise ApiError.invalid("limit", "must not be negative")
     predicate = compile_filter(filter_expr, LIST_VARIABLE)
+    if filter_expr and (reason := untranslatable(filter_expr)) is not None:
+        log.warning("List filter %r cannot be translated to SQL: %s", filter_expr, reason)
+        raise ApiError.internal("failed to list")
     if activations is None or predicate.matches_everything:
         matched = [obj for obj in items if predicate(obj)]
     else:
@@ -201,15 +199,7 @@ def list_answer(
             for obj, context in zip(items, activations, strict=True)
             if predicate.matches_activation(context())
         ]
-    if order and order.strip():
-        # Apply the terms last-to-first: Python's sort is stable, so the first term wins.
-        for term in reversed([t.strip() for t in order.split(",") if t.strip()]):
-            words = term.split()
-            if len(words) > 2 or (len(words) == 2 and words[1].lower() not in ("asc", "desc")):
-                raise ApiError.invalid("order", f"'{term}' is not '<field path> [asc|desc]'")
-            path = words[0].removeprefix("this.").split(".")
-            descending = len(words) == 2 and words[1].lower() == "desc"
-            matched.sort(key=_order_key(path), reverse=descending)
+    matched.sort(key=lambda obj: str(obj.get("id") or ""))
     start = offset or 0
     count = DEFAULT_LIST_LIMIT if limit is None or limit == 0 else limit
     page = matched[start : start + count]

@@ -23,7 +23,8 @@ PUBLIC_PREFIX = "/api/fulfillment/v1"
 
 # Query parameters of List, as the gateway names them.
 FilterQ = Query(None, description="CEL over `this`")
-OrderQ = Query(None, description="'<field path> [asc|desc]', comma separated")
+# `order` is in the API but the real server never reads it: every List is ordered by id.
+OrderQ = Query(None, description="accepted and ignored: items are always ordered by id")
 OffsetQ = Query(None)
 LimitQ = Query(None)
 
