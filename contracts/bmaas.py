@@ -164,6 +164,13 @@ class InstanceRef(BaseModel):
     bmi_id: str = Field(min_length=1)
 
 
+class WaitInstanceRunningInput(InstanceRef):
+    """A BMI to wait for, until `deadline` (absolute, so a retried wait keeps the policy's limit;
+    None: no limit, as waits scheduled before it existed)."""
+
+    deadline: datetime | None = None
+
+
 class InstanceRunning(BaseModel):
     bmi_id: str
     name: str

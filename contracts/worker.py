@@ -137,6 +137,9 @@ class TimingPolicy(BaseModel):
     agent_registration_timeout: timedelta = timedelta(minutes=30)
     agent_install_timeout: timedelta = timedelta(minutes=60)
     agent_unbinding_timeout: timedelta = timedelta(minutes=10)
+    # A BMI not running by then (stuck provisioning, starting or stopped) fails its attempt
+    # (BMIProvisioningFailed): its host is released, wiped and another one tried.
+    bmi_running_timeout: timedelta = Field(default=timedelta(minutes=60), gt=timedelta(0))
     # Workers of WorkerRevision 2 and earlier: while one waits for its Agent, how often it renews the
     # watch that will signal it (the watch lives in one worker process: a restart costs this delay).
     agent_watch_renewal: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))

@@ -23,13 +23,13 @@ with workflow.unsafe.imports_passed_through():
         CreateWorkerInstanceResult,
         FindInstancesWithMacsInput,
         InstanceGone,
-        InstanceRef,
         InstanceRunning,
         InstancesWithMacs,
         ListOrderInstancesInput,
         LostInstance,
         OrderInstances,
         WaitInstanceGoneInput,
+        WaitInstanceRunningInput,
     )
     from contracts.hub import (
         AgentHandOff,
@@ -257,7 +257,9 @@ class WorkerNodeWorkflow:
             self._stop_if_scaled_down()
             running = await self._bmaas(
                 BmaasActivity.WAIT_INSTANCE_RUNNING,
-                InstanceRef(bmi_id=created.instance.id),
+                WaitInstanceRunningInput(
+                    bmi_id=created.instance.id, deadline=self._deadline(self._policy().bmi_running_timeout)
+                ),
                 InstanceRunning,
                 summary=f"Wait until BMI {slot.name} is running",
                 wait=True,

@@ -9,6 +9,7 @@ size leaves this module.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -50,6 +51,7 @@ from contracts.bmaas import (
     ResolveBootImageInput,
     SecurityGroupsApplied,
     WaitInstanceGoneInput,
+    WaitInstanceRunningInput,
     WaitProgress,
     WorkerInstance,
 )
@@ -252,9 +254,10 @@ class BmaasActivities:
     # -- wait running --------------------------------------------------------------------------
 
     @activity.defn
-    async def wait_instance_running(self, req: InstanceRef) -> InstanceRunning:
-        """Heartbeating wait until the BMI runs; a FAILED BMI, or a running one none of whose NICs
-        reports a MAC (no Agent could ever be matched to it), fails for good."""
+    async def wait_instance_running(self, req: WaitInstanceRunningInput) -> InstanceRunning:
+        """Heartbeating wait until the BMI runs; a FAILED BMI, a running one none of whose NICs
+        reports a MAC (no Agent could ever be matched to it), or one not running by the deadline
+        (stuck provisioning, starting or stopped) fails for good."""
 
         def done(obs: Observed) -> bool:
             if not isinstance(obs, BmiSnapshot):
@@ -266,10 +269,23 @@ class BmaasActivities:
         every = self._tick()
         beat = Heartbeat(every)
 
+        last: list[Observed] = []
+
         def progress(obs: Observed, streaming: bool) -> None:
+            last[:] = [obs]
             beat(lambda: _wait_progress(req.bmi_id, obs, streaming))
 
-        obs = await self.watcher.wait(req.bmi_id, done, tick=every, on_tick=progress)
+        remaining = (req.deadline - _now()).total_seconds() if req.deadline is not None else None
+        try:
+            async with asyncio.timeout(max(remaining, 0) if remaining is not None else None):
+                obs = await self.watcher.wait(req.bmi_id, done, tick=every, on_tick=progress)
+        except TimeoutError:
+            state = last[0].state.value if last and isinstance(last[0], BmiSnapshot) else "unknown"
+            raise ApplicationError(
+                f"BMI {req.bmi_id} is not running by its deadline {req.deadline} (state {state})",
+                type=BmaasErrorType.PROVISIONING_FAILED.value,
+                non_retryable=True,
+            ) from None
         if not isinstance(obs, BmiSnapshot):
             raise BmaasApiError(
                 f"BMI {req.bmi_id} disappeared while waiting for it to run", BmaasErrorType.NOT_FOUND

@@ -23,8 +23,8 @@ from contracts.bmaas import (
     ORDER_NAMESPACE_LABEL,
     BmaasErrorType,
     BmiState,
-    InstanceRef,
     WaitInstanceGoneInput,
+    WaitInstanceRunningInput,
 )
 from lab.fulfillment.models import Nic
 from lab.fulfillment.testing import bmi_body
@@ -111,7 +111,9 @@ async def test_a_relist_whose_pages_shift_fails_no_healthy_host(harness: Harness
         fillers += await _fillers(h, 20)
     await h.lab.clear_faults()
     below = sum(i < target for i in [*fillers, *workers])  # the target's index in the List
-    waiting = asyncio.ensure_future(h.run(h.acts.wait_instance_running, InstanceRef(bmi_id=target)))
+    waiting = asyncio.ensure_future(
+        h.run(h.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=target))
+    )
     try:
         await wait_for(lambda: _heartbeating(h), what="the waiter heartbeating")
         # As many first-page BMIs go as there are BMIs between the first page's end and the target:
@@ -149,7 +151,9 @@ async def test_a_bmi_a_relist_does_not_show_is_asked_for_by_id_not_taken_for_gon
     )
     acts = BmaasActivities(h.client, watcher, h.ignition, heartbeat_interval=0.2)
     await watcher.wait_streaming(20.0)
-    waiting = asyncio.ensure_future(h.run(acts.wait_instance_running, InstanceRef(bmi_id=target)))
+    waiting = asyncio.ensure_future(
+        h.run(acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=target))
+    )
     try:
         await wait_for(lambda: _observed_with_macs(watcher, target), what="the waiter seeded")
         lists_before, seeds_before = watcher.stats.lists, watcher.stats.seeds
@@ -197,7 +201,7 @@ async def test_a_late_get_answer_never_undoes_a_deleted_event(harness: Harness) 
     h = harness
     await h.lab.timings(boot_s=0.05)
     x = (await h.run(h.acts.create_worker_instance, h.slot(0))).instance.id
-    await h.run(h.acts.wait_instance_running, InstanceRef(bmi_id=x))
+    await h.run(h.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=x))
     transport = HoldingTransport(f"{LIST_PATH}/{x}")
     client = BmaasClient(h.twin.url, h.token_file, timeout=30.0, transport=transport)
     watcher = BmiWatcher(client, poll_initial=0.1, poll_max=0.5, reconnect_initial=0.05, reconnect_max=0.3)
@@ -228,7 +232,7 @@ async def test_wait_gone_returns_though_its_seeding_get_was_answered_before_the_
     DELETING but reaches it only after the DELETED event. The wait must end, not wait for a relist."""
     h = harness
     x = (await h.run(h.acts.create_worker_instance, h.slot(0))).instance.id
-    await h.run(h.acts.wait_instance_running, InstanceRef(bmi_id=x))
+    await h.run(h.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=x))
     await h.lab.timings(wipe_s=1.5)
     await h.lab.http.delete(f"{LIST_PATH}/{x}")
     transport = HoldingTransport(f"{LIST_PATH}/{x}")
@@ -276,7 +280,7 @@ async def test_a_running_bmi_without_a_nic_mac_fails_at_once(harness: Harness, n
     await wait_for(lambda: _observed_without_macs(h.watcher, x), what="the watcher saw no MAC")
 
     with pytest.raises(ApplicationError) as failed:
-        await asyncio.wait_for(h.run(h.acts.wait_instance_running, InstanceRef(bmi_id=x)), 20)
+        await asyncio.wait_for(h.run(h.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=x)), 20)
     assert failed.value.type == BmaasErrorType.PROVISIONING_FAILED.value
     assert failed.value.non_retryable
     assert "none of its NICs reports a MAC address (reported: no address at all)" in failed.value.message

@@ -21,6 +21,7 @@ from contracts.bmaas import (
     LostInstance,
     ResolveBootImageInput,
     WaitInstanceGoneInput,
+    WaitInstanceRunningInput,
 )
 from contracts.refs import OrderRef
 from lab.fulfillment.seed import CLUSTER_VERSION_NAME, DISK_IMAGE_NAME, RELEASE_IMAGE, seeded_id
@@ -135,7 +136,9 @@ async def test_a_bmi_of_a_same_named_order_in_another_namespace_is_never_adopted
 async def test_deleting_bmi_of_the_slot_is_not_adopted(harness: Harness) -> None:
     await harness.lab.timings(wipe_s=30.0)  # keep it DELETING for the test
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
     await harness.run(harness.acts.delete_instance, InstanceRef(bmi_id=created.instance.id))
 
     with pytest.raises(ApplicationError) as info:

@@ -10,9 +10,9 @@ from temporalio.exceptions import ApplicationError
 from activities.bmaas import BmaasActivities, BmaasClient, BmiWatcher
 from contracts.bmaas import (
     BmaasErrorType,
-    InstanceRef,
     ListOrderInstancesInput,
     WaitInstanceGoneInput,
+    WaitInstanceRunningInput,
 )
 from contracts.refs import OrderRef
 from lab.fulfillment.testing import bmi_body
@@ -76,7 +76,9 @@ async def test_unknown_instance_type_is_invalid_argument(harness: Harness) -> No
 async def test_no_hosts_is_no_hosts_available(harness: Harness) -> None:
     await harness.lab.faults(no_free_hosts=True)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    err = await _error(harness, harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    err = await _error(
+        harness, harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
     assert err.type == BmaasErrorType.NO_HOSTS_AVAILABLE.value and err.non_retryable
     assert "No matching hosts available" in err.message
 
@@ -84,7 +86,7 @@ async def test_no_hosts_is_no_hosts_available(harness: Harness) -> None:
 async def test_failed_provisioning_is_bmi_provisioning_failed(harness: Harness) -> None:
     await harness.lab.faults(provisioning_failure_rate=1.0)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    ref = InstanceRef(bmi_id=created.instance.id)
+    ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
     err = await _error(harness, harness.acts.wait_instance_running, ref)
     assert err.type == BmaasErrorType.PROVISIONING_FAILED.value and err.non_retryable
     assert "ProvisioningFailed" in err.message
@@ -103,11 +105,15 @@ async def test_ignition_too_large_is_refused_before_create(harness: Harness) -> 
 
 
 async def test_waiting_on_unknown_or_foreign_bmis(harness: Harness) -> None:
-    err = await _error(harness, harness.acts.wait_instance_running, InstanceRef(bmi_id="no-such-bmi"))
+    err = await _error(
+        harness, harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id="no-such-bmi")
+    )
     assert err.type == BmaasErrorType.NOT_FOUND.value and err.non_retryable
     # A BMI outside the watcher's scope (no order label) would never be woken: refused at once.
     resp = await harness.lab.post("/baremetal_instances", bmi_body("stray-0"))
-    err = await _error(harness, harness.acts.wait_instance_running, InstanceRef(bmi_id=resp.json()["id"]))
+    err = await _error(
+        harness, harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=resp.json()["id"])
+    )
     assert err.type == BmaasErrorType.INVALID_ARGUMENT.value and err.non_retryable
 
 
@@ -131,7 +137,7 @@ async def test_full_life_leaks_no_secret(harness: Harness, caplog: pytest.LogCap
     await harness.lab.timings(boot_s=0.3, wipe_s=0.3)
     await harness.lab.faults(error_rate=0.2, seed=3)
     created = await harness.run_retrying(harness.acts.create_worker_instance, harness.slot(0))
-    ref = InstanceRef(bmi_id=created.instance.id)
+    ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
     await harness.run_retrying(harness.acts.wait_instance_running, ref)
     await harness.run_retrying(harness.acts.delete_instance, ref)
     await harness.run_retrying(harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=ref.bmi_id))

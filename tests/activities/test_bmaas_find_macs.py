@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from contracts.activities import BmaasActivity
-from contracts.bmaas import FindInstancesWithMacsInput, InstanceRef
+from contracts.bmaas import FindInstancesWithMacsInput, InstanceRef, WaitInstanceRunningInput
 from tests.activities.conftest import Harness
 
 
 async def _running(harness: Harness, index: int, order: str) -> tuple[str, list[str]]:
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(index, order=order))
-    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    running = await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
     return running.bmi_id, running.macs
 
 

@@ -17,8 +17,8 @@ from activities.bmaas import BmaasActivities
 from contracts.bmaas import (
     BmaasErrorType,
     CreateWorkerInstanceInput,
-    InstanceRef,
     WaitInstanceGoneInput,
+    WaitInstanceRunningInput,
 )
 from tests.activities.conftest import Harness
 
@@ -43,7 +43,7 @@ class BmaasLifeWorkflow:
         created = await workflow.execute_activity_method(
             BmaasActivities.create_worker_instance, req, start_to_close_timeout=CALL, retry_policy=RETRY
         )
-        ref = InstanceRef(bmi_id=created.instance.id)
+        ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
         try:
             running = await workflow.execute_activity_method(
                 BmaasActivities.wait_instance_running,

@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from contracts.bmaas import BmaasErrorType, BmiState, InstanceRef, WaitInstanceGoneInput, WaitProgress
+from contracts.bmaas import (
+    BmaasErrorType,
+    BmiState,
+    WaitInstanceGoneInput,
+    WaitInstanceRunningInput,
+    WaitProgress,
+)
 from contracts.hub import InfraEnvRef, WaitAgentInput
 from contracts.refs import OrderRef
 from lab.fulfillment.seed import host_labels
@@ -25,7 +31,9 @@ def progress(harness: Harness) -> list[WaitProgress]:
 async def test_wait_running_returns_every_mac(harness: Harness) -> None:
     await harness.lab.timings(boot_s=0.5)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    running = await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
 
     host = next(h for h in await harness.lab.hosts() if h["bmi_id"] == created.instance.id)
     assert running.macs == sorted(nic["mac"] for nic in host["nics"])
@@ -59,7 +67,9 @@ async def test_wait_running_normalises_every_nic_as_agents_do_and_fails_a_host_w
         host = next(h for h in await harness.lab.hosts() if h["bmi_id"] == c.instance.id)
         by_mac[host["nics"][0]["mac"]] = c.instance.id
 
-    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=by_mac[ipoib]))
+    running = await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=by_mac[ipoib])
+    )
     assert running.macs == [ipoib]
     order = OrderRef(namespace="tenant-ns", name="order1")
     wait = WaitAgentInput(
@@ -68,7 +78,7 @@ async def test_wait_running_normalises_every_nic_as_agents_do_and_fails_a_host_w
     assert wait.macs == [ipoib]  # what the workflow builds from it next is valid
 
     with pytest.raises(ApplicationError) as failed:
-        await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=by_mac[eui64]))
+        await harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=by_mac[eui64]))
     assert failed.value.type == BmaasErrorType.PROVISIONING_FAILED.value and failed.value.non_retryable
     assert "none of its NICs reports a MAC address" in failed.value.message and eui64 in failed.value.message
 
@@ -78,7 +88,9 @@ async def test_a_wait_that_ends_within_its_first_tick_sends_no_heartbeat(harness
     harness.acts.heartbeat_interval = 60.0
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
     events_before = harness.watcher.stats.events
-    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
     assert harness.watcher.stats.events > events_before  # the BMI changed while it waited...
     assert harness.heartbeats == []  # ...and told the server nothing: it ended within its tick
 
@@ -88,7 +100,9 @@ async def _calls_during_wait(harness: Harness, index: int, boot_s: float) -> tup
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(index))
     beats_before = len(harness.heartbeats)
     before = await harness.lab.stats_total()
-    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
     after = await harness.lab.stats_total()
     return after - before, len(harness.heartbeats) - beats_before
 
@@ -107,7 +121,10 @@ async def test_many_waiters_share_one_stream(harness: Harness) -> None:
     await harness.lab.timings(boot_s=1.0)
     created = [await harness.run(harness.acts.create_worker_instance, harness.slot(i)) for i in range(4)]
     results = await asyncio.gather(
-        *(harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=c.instance.id)) for c in created)
+        *(
+            harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=c.instance.id))
+            for c in created
+        )
     )
     assert {r.bmi_id for r in results} == {c.instance.id for c in created}
     assert harness.transport.requests["GET /api/private/v1/events/watch"] == 1
@@ -116,7 +133,7 @@ async def test_many_waiters_share_one_stream(harness: Harness) -> None:
 async def test_a_waiter_is_woken_by_its_own_bmi_only(harness: Harness) -> None:
     await harness.lab.timings(boot_s=0.5)
     quiet = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=quiet.instance.id))
+    await harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=quiet.instance.id))
     checks = 0
 
     def never_done(_: object) -> bool:
@@ -132,7 +149,9 @@ async def test_a_waiter_is_woken_by_its_own_bmi_only(harness: Harness) -> None:
         await wait_for(lambda: _checked(lambda: checks), what="the idle waiter's first check")
         events_before = harness.watcher.stats.events
         busy = await harness.run(harness.acts.create_worker_instance, harness.slot(1))
-        await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=busy.instance.id))
+        await harness.run(
+            harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=busy.instance.id)
+        )
         assert harness.watcher.stats.events - events_before >= 3  # the other BMI went through states
         assert checks == 1  # and none of its events woke this waiter
     finally:
@@ -145,7 +164,7 @@ async def test_waits_survive_503s_and_latency(harness: Harness) -> None:
     await harness.lab.timings(boot_s=0.3, wipe_s=0.3)
     await harness.lab.faults(error_rate=0.3, latency_s=0.05, seed=7)
     created = await harness.run_retrying(harness.acts.create_worker_instance, harness.slot(0))
-    ref = InstanceRef(bmi_id=created.instance.id)
+    ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
     running = await harness.run_retrying(harness.acts.wait_instance_running, ref)
     assert len(running.macs) == 2
     await harness.run_retrying(harness.acts.delete_instance, ref)
@@ -165,7 +184,7 @@ async def test_watch_cut_relists_and_still_wakes(harness: Harness) -> None:
     await harness.lab.timings(boot_s=1.0)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
     wait = asyncio.create_task(
-        harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
     )
     await wait_for(lambda: _has_progress(harness), what="waiter heartbeating")
     lists_before = harness.watcher.stats.lists
@@ -191,7 +210,9 @@ async def test_polls_while_the_stream_is_down(harness: Harness) -> None:
     harness.transport.cut_watches()
     await wait_for(lambda: _stream_down(harness), what="stream down")
 
-    running = await harness.run(harness.acts.wait_instance_running, InstanceRef(bmi_id=created.instance.id))
+    running = await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
     assert len(running.macs) == 2
     assert not harness.watcher.streaming
     assert harness.watcher.stats.polls >= 1
@@ -201,7 +222,7 @@ async def test_polls_while_the_stream_is_down(harness: Harness) -> None:
 async def test_delete_is_idempotent(harness: Harness) -> None:
     await harness.lab.timings(wipe_s=0.5)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    ref = InstanceRef(bmi_id=created.instance.id)
+    ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
     await harness.run(harness.acts.wait_instance_running, ref)
     first = await harness.run(harness.acts.delete_instance, ref)
     again = await harness.run(harness.acts.delete_instance, ref)  # while DELETING
@@ -215,7 +236,7 @@ async def test_delete_is_idempotent(harness: Harness) -> None:
 async def test_wait_gone_reports_a_failed_wipe_and_keeps_waiting(harness: Harness) -> None:
     await harness.lab.faults(wipe_failure_rate=1.0)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    ref = InstanceRef(bmi_id=created.instance.id)
+    ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
     await harness.run(harness.acts.wait_instance_running, ref)
     await harness.run(harness.acts.delete_instance, ref)
 
@@ -240,7 +261,7 @@ async def test_wait_gone_reports_a_failed_wipe_and_keeps_waiting(harness: Harnes
 async def test_wait_gone_reports_a_slow_wipe_then_returns(harness: Harness) -> None:
     await harness.lab.timings(wipe_s=2.0)
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    ref = InstanceRef(bmi_id=created.instance.id)
+    ref = WaitInstanceRunningInput(bmi_id=created.instance.id)
     await harness.run(harness.acts.wait_instance_running, ref)
     await harness.run(harness.acts.delete_instance, ref)
     gone = await harness.run(
@@ -274,3 +295,21 @@ async def _stuck_beats(harness: Harness) -> list[WaitProgress]:
 
 async def _more_beats(harness: Harness, count: int) -> bool:
     return len(harness.heartbeats) >= count
+
+
+async def test_a_bmi_not_running_by_its_deadline_fails_its_attempt(harness: Harness) -> None:
+    """A BMI stuck provisioning (or starting, or stopped) would hold its host for ever: past the
+    deadline the workflow gave, the wait fails for good, as a provisioning failure, so the host
+    is released, wiped and another one tried."""
+    await harness.lab.timings(boot_s=3600)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    deadline = datetime.now(UTC) + timedelta(seconds=1)
+    with pytest.raises(ApplicationError) as failed:
+        await harness.run(
+            harness.acts.wait_instance_running,
+            WaitInstanceRunningInput(bmi_id=created.instance.id, deadline=deadline),
+        )
+    assert failed.value.type == BmaasErrorType.PROVISIONING_FAILED.value and failed.value.non_retryable
+    assert "not running by its deadline" in failed.value.message
+    assert "PROVISIONING" in failed.value.message
+    await harness.lab.timings(boot_s=0)
