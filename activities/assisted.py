@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 import httpx
@@ -68,6 +69,8 @@ from contracts.hub import (
     AGENT_MACHINE_REF_LABEL,
     IGNITION_LIMIT_BYTES,
     IGNITION_WARN_BYTES,
+    IMAGE_CREATED_CONDITION,
+    IMAGE_CREATED_TEXT,
     INFRAENV_LABEL,
     ORDER_LABEL,
     PULL_SECRET_KEY,
@@ -82,6 +85,7 @@ from contracts.hub import (
     AgentState,
     AgentUnbound,
     AgentWatch,
+    ConditionStatus,
     DeleteInfraEnvResult,
     DeleteResult,
     EnsureInfraEnvResult,
@@ -90,6 +94,7 @@ from contracts.hub import (
     HandAgentInput,
     HandAgentResult,
     HubErrorType,
+    ImageCreatedReason,
     InfraEnvProgress,
     InfraEnvReady,
     InfraEnvRef,
@@ -115,14 +120,34 @@ WORKER_ANNOTATION = "osac.openshift.io/worker"
 MAX_ADOPT_ATTEMPTS = 5
 INVENTORY_GRACE = timedelta(minutes=2)
 
-_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+
+class _Release(StrEnum):
+    """What release_agent did with the Agent it was named."""
+
+    DELETED = "deleted"
+    KEPT = "kept"
+    HANDED = "handed"
 
 
-def redact(text: object, limit: int = 300) -> str | None:
-    """Condition text for heartbeats: URLs (which may carry tokens) removed, length bounded."""
-    if text is None:
-        return None
-    return _URL.sub("<url>", str(text))[:limit]
+# A condition reason as Kubernetes shapes them (metav1.Condition): a CamelCase token, bounded.
+_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]{0,62}[A-Za-z0-9_])?")
+
+
+def condition_status(cond: KubeObject | None) -> ConditionStatus | None:
+    status = (cond or {}).get("status")
+    return ConditionStatus(status) if isinstance(status, str) and status in set(ConditionStatus) else None
+
+
+def condition_reason(cond: KubeObject | None) -> str | None:
+    """The condition's reason if it is reason-shaped. Only the reason: a hub condition's message is
+    free text, and assisted-service quotes the tenant's pull secret in ImageCreated's."""
+    reason = (cond or {}).get("reason")
+    return reason if isinstance(reason, str) and _REASON.fullmatch(reason) else None
+
+
+def image_created_text(reason: str | None) -> str | None:
+    """The fixed text wait_infraenv_ready shows for an ImageCreated reason (never the hub's)."""
+    return IMAGE_CREATED_TEXT.get(ImageCreatedReason(reason)) if reason in set(ImageCreatedReason) else None
 
 
 def label_value(value: str) -> str:
@@ -160,12 +185,22 @@ def agent_index_keys(agent: KubeObject) -> list[str]:
     return [mac_key(mac) for mac in macs] if macs else [NO_INVENTORY_KEY]
 
 
-def handed_to(agent: KubeObject, worker: str) -> bool:
-    """Whether the Agent carries the hand-off of this worker slot (label, or the full-name annotation)."""
+def _hand_off_marks(agent: KubeObject) -> tuple[str | None, str | None]:
+    """The hand-off's slot label (possibly a hashed short form) and full-name annotation."""
     annotations = meta(agent).get("annotations") or {}
-    if annotations.get(WORKER_ANNOTATION) == worker:
-        return True
-    return labels_of(agent).get(WORKER_LABEL) == label_value(worker)
+    return labels_of(agent).get(WORKER_LABEL), annotations.get(WORKER_ANNOTATION)
+
+
+def handed_elsewhere(agent: KubeObject, worker: str) -> bool:
+    """Whether the Agent carries another worker slot's hand-off (its label or its annotation)."""
+    label, annotation = _hand_off_marks(agent)
+    return label not in (None, label_value(worker)) or annotation not in (None, worker)
+
+
+def handed_to(agent: KubeObject, worker: str) -> bool:
+    """Whether the Agent carries this worker slot's hand-off (label, or the full-name annotation)
+    and no other slot's."""
+    return any(_hand_off_marks(agent)) and not handed_elsewhere(agent, worker)
 
 
 def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
@@ -535,20 +570,21 @@ class AssistedActivities:
         def evaluate(obj: KubeObject | None) -> InfraEnvReady | None:
             if obj is None or not dig(obj, "status", "bootArtifacts", "discoveryIgnitionURL"):
                 return None
-            return InfraEnvReady(infraenv=ref, image_created=condition_true(obj, "ImageCreated"))
+            return InfraEnvReady(infraenv=ref, image_created=condition_true(obj, IMAGE_CREATED_CONDITION))
 
         every = tick_seconds(self._heartbeat_every)
         beat = Heartbeat(every)
 
         def progress(obj: KubeObject | None) -> InfraEnvProgress:
-            image = condition(obj, "ImageCreated") if obj is not None else None
+            image = condition(obj, IMAGE_CREATED_CONDITION) if obj is not None else None
+            reason = condition_reason(image)
             return InfraEnvProgress(
                 infraenv=ref.name,
                 found=obj is not None,
                 ignition_url_set=bool(obj and dig(obj, "status", "bootArtifacts", "discoveryIgnitionURL")),
-                image_created_status=(image or {}).get("status"),
-                image_created_reason=redact((image or {}).get("reason"), 100),
-                image_created_message=redact((image or {}).get("message")),
+                image_created_status=condition_status(image),
+                image_created_reason=reason,
+                image_created_message=image_created_text(reason),
                 observed_via=informer.observed_via,
             )
 
@@ -875,10 +911,9 @@ class AssistedActivities:
             except HubNotFound:
                 raise self._agent_gone(ref) from None
             labels = labels_of(agent)
-            annotations = meta(agent).get("annotations") or {}
             # The slot label may be a hashed short form; the annotation carries the full slot name.
-            owner, owner_name = labels.get(WORKER_LABEL), annotations.get(WORKER_ANNOTATION)
-            if owner not in (None, slot_label) or owner_name not in (None, input.worker):
+            owner, owner_name = _hand_off_marks(agent)
+            if handed_elsewhere(agent, input.worker):
                 raise error(
                     f"Agent {ref.namespace}/{ref.name} is already handed to another worker slot",
                     HubErrorType.AGENT_OWNED_ELSEWHERE,
@@ -1122,14 +1157,18 @@ class AssistedActivities:
     async def release_agent(self, input: ReleaseAgentInput) -> ReleasedAgents:
         """Delete the worker's Agent (NotFound counts as success) and the host's stale registrations.
         With `input.worker`, an Agent handed to that worker is left for its unbind and returned in
-        `handed`: deleting it would leave its Machine and the NodePool's count behind."""
+        `handed`: deleting it would leave its Machine and the NodePool's count behind. One handed to
+        another worker, or bound to a cluster other than through this worker's hand-off, is never
+        touched (`kept`): the named Agent may be another slot's, matched by this worker's wait
+        because its host was given to this slot behind the other's back."""
         result = ReleasedAgents()
         if input.agent is not None:
-            if input.worker is not None and await self._handed_to(input.agent, input.worker):
-                result.handed.append(input.agent.name)
-            else:
-                await self.delete_agent(input.agent)
-                result.deleted.append(input.agent.name)
+            outcome = await self._release_named(input.agent, input.worker)
+            {
+                _Release.DELETED: result.deleted,
+                _Release.KEPT: result.kept,
+                _Release.HANDED: result.handed,
+            }[outcome].append(input.agent.name)
         if input.find_handed and input.worker is not None:
             listing = await self._kube.list_current(
                 AGENTS, input.infraenv.namespace, label_selector=f"{INFRAENV_LABEL}={input.infraenv.name}"
@@ -1145,13 +1184,37 @@ class AssistedActivities:
                 )
             )
             result.deleted += [name for name in stale.deleted if name not in result.deleted]
-            result.kept = stale.kept
+            result.kept += [name for name in stale.kept if name not in result.kept]
             result.handed += [name for name in stale.handed if name not in result.handed]
         return result
 
-    async def _handed_to(self, ref: AgentRef, worker: str) -> bool:
-        current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
-        return current is not None and handed_to(current, worker)
+    async def _release_named(self, ref: AgentRef, worker: str | None) -> _Release:
+        """Without `worker` (an unbind, which knows the Agent is its own) the Agent is deleted.
+        With it, the decision is taken on a fresh read and the delete is conditional on that
+        version: an Agent handed to another slot meanwhile is not deleted on a stale look."""
+        if worker is None:
+            await self.delete_agent(ref)
+            return _Release.DELETED
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
+            if current is None:
+                return _Release.DELETED  # gone already: NotFound counts as success
+            if handed_elsewhere(current, worker):
+                return _Release.KEPT
+            if handed_to(current, worker):
+                return _Release.HANDED
+            if agent_claimed(current):
+                return _Release.KEPT  # in a cluster, but not through this worker's hand-off
+            uid, version = meta(current).get("uid"), meta(current).get("resourceVersion")
+            try:
+                await self._kube.delete(AGENTS, ref.namespace, ref.name, uid=uid, resource_version=version)
+            except HubConflict:
+                await asyncio.sleep(conflict_backoff(attempt))
+                continue
+            return _Release.DELETED
+        raise still_conflicting(
+            AGENTS.kind, ref.namespace, ref.name, f"Agent {ref.namespace}/{ref.name}", MAX_CONFLICT_RETRIES
+        )
 
     @activity.defn(name=HubActivity.RELEASE_STALE_AGENTS.value)
     async def release_stale_agents(self, input: ReleaseStaleAgentsInput) -> ReleasedAgents:

@@ -16,7 +16,8 @@ the namespace, and it reads the matching objects from the index rather than scan
 
 Errors are mapped once, here, to `HubApiError` (a Temporal `ApplicationError`) whose `type` is a
 `HubErrorType`: 404/400/422/401/403 non-retryable (422 names the invalid fields), 409 and 5xx and
-transport failures retryable. Messages never carry request or response bodies.
+transport failures retryable. Messages never carry request or response bodies, nor a Status's free
+text: its reason only when it is a StatusReason, its causes only as field paths.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextvars
 import json
 import logging
 import random
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -208,6 +211,54 @@ class HubUnavailable(HubApiError):
     """5xx, 429, timeouts, refused or broken connections."""
 
 
+class StatusReason(StrEnum):
+    """metav1.StatusReason: the reasons an error is allowed to carry. The apiserver writes only these,
+    but an admission webhook may put any text in a Status, tenant data included."""
+
+    UNAUTHORIZED = "Unauthorized"
+    FORBIDDEN = "Forbidden"
+    NOT_FOUND = "NotFound"
+    ALREADY_EXISTS = "AlreadyExists"
+    CONFLICT = "Conflict"
+    GONE = "Gone"
+    INVALID = "Invalid"
+    SERVER_TIMEOUT = "ServerTimeout"
+    STORAGE_READ_ERROR = "StorageReadError"
+    TIMEOUT = "Timeout"
+    TOO_MANY_REQUESTS = "TooManyRequests"
+    BAD_REQUEST = "BadRequest"
+    METHOD_NOT_ALLOWED = "MethodNotAllowed"
+    NOT_ACCEPTABLE = "NotAcceptable"
+    REQUEST_ENTITY_TOO_LARGE = "RequestEntityTooLarge"
+    UNSUPPORTED_MEDIA_TYPE = "UnsupportedMediaType"
+    INTERNAL_ERROR = "InternalError"
+    EXPIRED = "Expired"
+    SERVICE_UNAVAILABLE = "ServiceUnavailable"
+
+
+# A field path of a 422's causes (`spec.nodeRequests[0].bareMetal`, `data[.dockerconfigjson]`):
+# anything else (spaces, quotes, braces: a message, a value) is dropped.
+_FIELD_PATH = re.compile(r"[A-Za-z0-9_$.\[\]/:-]{1,200}")
+
+
+def _reason(status: dict[str, Any], code: int) -> str:
+    """The Status's reason if it is a StatusReason, else the standard phrase of the HTTP code: never
+    the server's own text."""
+    reason = status.get("reason")
+    if isinstance(reason, str) and reason in set(StatusReason):
+        return reason
+    with contextlib.suppress(ValueError):
+        return HTTPStatus(code).phrase
+    return ""
+
+
+def _field_paths(causes: Any) -> tuple[str, ...]:
+    if not isinstance(causes, list):
+        return ()
+    paths = {c.get("field") for c in causes if isinstance(c, dict)}
+    return tuple(sorted(p for p in paths if isinstance(p, str) and _FIELD_PATH.fullmatch(p)))
+
+
 def _status_body(exc: ApiException) -> dict[str, Any]:
     try:
         body = json.loads(exc.body) if exc.body else {}
@@ -222,10 +273,10 @@ def map_api_exception(
     """Turn a client exception into a typed error. Never copies the body: it may echo secrets."""
     code = int(exc.status or 0)
     status = _status_body(exc)
-    reason = str(status.get("reason") or exc.reason or "")
+    reason = _reason(status, code)
     details = status.get("details") if isinstance(status.get("details"), dict) else {}
     causes = details.get("causes") if isinstance(details, dict) else None
-    fields = tuple(sorted({str(c["field"]) for c in causes or [] if isinstance(c, dict) and c.get("field")}))
+    fields = _field_paths(causes)
     where = f"{resource.kind} {namespace + '/' if namespace else ''}{name or ''}".strip()
     base = f"hub {verb} {where}: HTTP {code} {reason}".strip()
     kw: dict[str, Any] = {
@@ -238,7 +289,7 @@ def map_api_exception(
     }
     if code == 404:
         return HubNotFound(base, type=HubErrorType.NOT_FOUND, non_retryable=True, **kw)
-    if code == 409 and reason == "AlreadyExists":
+    if code == 409 and reason == StatusReason.ALREADY_EXISTS:
         # Retryable: the retry finds the object and adopts it.
         return HubAlreadyExists(base, type=HubErrorType.ALREADY_EXISTS, non_retryable=False, **kw)
     if code == 409:
@@ -626,17 +677,20 @@ class HubKube:
         *,
         propagation: str = "Background",
         uid: str | None = None,
+        resource_version: str | None = None,
     ) -> bool:
         """Delete; True if this call deleted (or started deleting) it, False if it was already gone.
 
-        `uid` makes the delete conditional on the object still being that incarnation."""
+        `uid` makes the delete conditional on the object still being that incarnation,
+        `resource_version` on it being unchanged since it was read (HubConflict otherwise)."""
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
             "propagationPolicy": propagation,
         }
-        if uid:
-            body["preconditions"] = {"uid": uid}
+        preconditions = {"uid": uid, "resourceVersion": resource_version}
+        if any(preconditions.values()):
+            body["preconditions"] = {k: v for k, v in preconditions.items() if v}
         path = resource.object_path(namespace, name)
         try:
             await self._request("delete", "DELETE", resource, namespace, name, path, body=body)
@@ -1153,8 +1207,10 @@ class Informer:
             except Exception as exc:
                 self.connected = False
                 self.stats.disconnects += 1
-                if self._delivered:
+                if self._delivered and not need_list:
                     # Cut mid-stream after events: the last resourceVersion is good, resume from it.
+                    # Never after a failed list (need_list): `_delivered` counts the stream before
+                    # it, and a hub refusing lists would be asked again at once, without end.
                     delay = floor
                     continue
                 # Broken before anything arrived, or a failed list: re-list after a backoff.
@@ -1166,6 +1222,7 @@ class Informer:
                 delay = min(cap, delay * 2)
 
     async def _relist(self) -> None:
+        self._delivered = 0  # the events counted were the previous stream's
         listing = await self._kube.list(self.resource)
         self.stats.lists += 1
         self._objects, self._by_namespace, self._keys, self._index = {}, {}, {}, {}

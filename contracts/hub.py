@@ -81,6 +81,27 @@ class EventReason(StrEnum):
     DISCOVERY_IGNITION_SIZE_WARNING = "DiscoveryIgnitionSizeWarning"
 
 
+IMAGE_CREATED_CONDITION = "ImageCreated"  # the InfraEnv condition type
+
+
+class ImageCreatedReason(StrEnum):
+    """assisted-service's reasons on the InfraEnv condition ImageCreated."""
+
+    IMAGE_CREATED = "ImageCreated"
+    IMAGE_CREATION_ERROR = "ImageCreationError"
+
+
+# What wait_infraenv_ready shows for each reason in place of the condition's own message, which
+# assisted-service may fill with the rejected pull secret itself ("Failed to create image: invalid
+# pull secret data in secret <name> <pull secret>: ..."). The hub keeps the full text.
+IMAGE_CREATED_TEXT: dict[ImageCreatedReason, str] = {
+    ImageCreatedReason.IMAGE_CREATED: "Image has been created",
+    ImageCreatedReason.IMAGE_CREATION_ERROR: (
+        "Failed to create image: see the InfraEnv's ImageCreated condition on the hub"
+    ),
+}
+
+
 class AgentState(StrEnum):
     """`status.debugInfo.state` values the activities act on (assisted-service host states)."""
 
@@ -388,13 +409,16 @@ class InfraEnvReady(BaseModel):
 
 
 class InfraEnvProgress(BaseModel):
-    """Heartbeat details of wait_infraenv_ready: condition text with URLs removed."""
+    """Heartbeat details of wait_infraenv_ready: the ImageCreated condition's status and reason,
+    never its message (it may quote the pull secret)."""
 
     infraenv: str
     found: bool
     ignition_url_set: bool = False
-    image_created_status: str | None = None
+    image_created_status: ConditionStatus | None = None
+    # The reason as the hub wrote it when it is a reason-shaped token (CamelCase), else None.
     image_created_reason: str | None = None
+    # IMAGE_CREATED_TEXT of the reason (None for other reasons): fixed text, not the hub's.
     image_created_message: str | None = None
     observed_via: str = "watch"
 
@@ -589,7 +613,9 @@ class UnbindAgentInput(CarriesReport):
 
 class ReleaseAgentInput(CarriesReport):
     """A worker gives its host back: delete its Agent (when it had one) and every unclaimed
-    registration of the host's MACs (when known), so the wiped host leaves nothing behind."""
+    registration of the host's MACs (when known), so the wiped host leaves nothing behind.
+    With `worker`, a named Agent handed to another slot or bound to a cluster without this slot's
+    hand-off is never touched (returned in `kept`); without it (an unbind) it is deleted."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -607,7 +633,8 @@ class ReleaseAgentInput(CarriesReport):
 
 class ReleasedAgents(BaseModel):
     deleted: list[str] = Field(default_factory=list)
-    # Matching Agents that are approved, bound or handed to another worker: never touched.
+    # Agents that are approved, bound or handed to another worker: never touched (the named one
+    # too when it is another worker's).
     kept: list[str] = Field(default_factory=list)
     # Agents handed to the releasing worker (ReleaseAgentInput.worker): left for its unbind.
     handed: list[str] = Field(default_factory=list)

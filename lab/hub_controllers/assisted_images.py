@@ -1,9 +1,13 @@
 """assisted-service's InfraEnv controller: boot artifacts once the pull secret is there.
 
-For each InfraEnv whose `spec.pullSecretRef` Secret exists (and holds a `.dockerconfigjson`), after
-`timings.image_created_s` the status gets `bootArtifacts.discoveryIgnitionURL`, `isoDownloadURL`,
-`createdTime`, `agentLabelSelector` and `ImageCreated=True`. Without the Secret the condition is
-`ImageCreated=False/ImageCreationError` and the Secret's arrival re-triggers the InfraEnv.
+For each InfraEnv whose `spec.pullSecretRef` Secret exists (and holds a valid `.dockerconfigjson`),
+after `timings.image_created_s` the status gets `bootArtifacts.discoveryIgnitionURL`, `isoDownloadURL`,
+`createdTime`, `agentLabelSelector` and `ImageCreated=True`. Without the Secret, or with a pull secret
+it refuses, the condition is `ImageCreated=False/ImageCreationError`, and a change of the Secret
+re-triggers the InfraEnv. A refused pull secret is quoted in the message, as assisted-service does
+(pullSecretManager.GetValidPullSecret wraps the validation error with the secret's data, and the
+InfraEnv controller writes "Failed to create image: <error>"): whoever reads the condition must not
+pass its message on.
 
 The InfraEnv id (the one in the URLs, the ignition and the registration path) is a uuid5 of the
 object's `metadata.uid`: stable across controller restarts, different for a re-created namesake.
@@ -56,26 +60,66 @@ def find_infra_env(informer: Informer, wanted_id: str) -> Obj | None:
     return None
 
 
-def pull_secret_of(secret: Obj | None) -> str | None:
-    """The decoded `.dockerconfigjson` when it is a JSON document with `auths`, else None."""
+def pull_secret_data(secret: Obj | None) -> str | None:
+    """The decoded `.dockerconfigjson` of a Secret, valid or not; None without one."""
     if secret is None:
         return None
     data = (secret.get("data") or {}).get(PULL_SECRET_KEY)
     if data is not None:
         try:
-            text = base64.b64decode(data).decode()
+            return base64.b64decode(data).decode()
         except ValueError:
             return None
-    else:
-        raw = (secret.get("stringData") or {}).get(PULL_SECRET_KEY)
-        if raw is None:
-            return None
-        text = str(raw)
+    raw = (secret.get("stringData") or {}).get(PULL_SECRET_KEY)
+    return None if raw is None else str(raw)
+
+
+def pull_secret_error(text: str) -> str | None:
+    """Why assisted-service would refuse this pull secret (its validations.ParsePullSecret
+    wording), or None. An empty `auths` passes here (the real service wants at least one entry, and
+    registry.redhat.io's, which no test secret carries)."""
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(text.strip())
     except ValueError:
+        return "pull secret must be a well-formed JSON"
+    auths = parsed.get("auths") if isinstance(parsed, dict) else None
+    if not isinstance(auths, dict):
+        return "pull secret must contain 'auths' JSON-object field"
+    for registry, entry in auths.items():
+        quoted = json.dumps(registry)
+        if not isinstance(entry, dict) or not ({"auth", "credsStore"} & entry.keys()):
+            return f"invalid pull secret: {quoted} JSON-object requires either 'auth' or 'credsStore' field"
+        auth = entry.get("auth")
+        if auth is not None and not _is_base64(auth):
+            return f"invalid pull secret: 'auth' fields of {quoted} are not base64-encoded"
+    return None
+
+
+def _is_base64(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        base64.b64decode(value, validate=True)
+    except ValueError:
+        return False
+    return True
+
+
+def pull_secret_of(secret: Obj | None) -> str | None:
+    """The decoded `.dockerconfigjson` when assisted-service would accept it, else None."""
+    text = pull_secret_data(secret)
+    return text if text is not None and pull_secret_error(text) is None else None
+
+
+def image_error_message(secret_name: str, namespace: str, text: str | None) -> str | None:
+    """The ImageCreated=False message for the InfraEnv's pull secret, None when it is usable. A
+    refused secret is quoted whole, as GetValidPullSecret + handleEnsureISOErrors do."""
+    if text is None:
+        return f"Failed to create image: pull secret {namespace}/{secret_name} is missing or invalid"
+    why = pull_secret_error(text)
+    if why is None:
         return None
-    return text if isinstance(parsed, dict) and isinstance(parsed.get("auths"), dict) else None
+    return f"Failed to create image: invalid pull secret data in secret {secret_name} {text}: {why}"
 
 
 def ignition_url(base_url: str, ie_id: str, signer: TokenSigner) -> str:
@@ -128,11 +172,11 @@ class InfraEnvController(Controller):
         uid = str(infra_env["metadata"].get("uid") or key)
         status: dict[str, Any] = infra_env.get("status") or {}
         secret_name = (infra_env.get("spec", {}).get("pullSecretRef") or {}).get("name", "")
-        pull_secret = pull_secret_of(self._secrets.get(f"{namespace}/{secret_name}")) if secret_name else None
+        data = pull_secret_data(self._secrets.get(f"{namespace}/{secret_name}")) if secret_name else None
+        message = image_error_message(secret_name, namespace or "", data)
 
-        if pull_secret is None:
+        if message is not None:
             self._ready_at.pop(key, None)
-            message = f"Failed to create image: pull secret {namespace}/{secret_name} is missing or invalid"
             if _condition(status) != (
                 ConditionStatus.FALSE.value,
                 InfraEnvReason.IMAGE_CREATION_ERROR.value,

@@ -205,6 +205,64 @@ async def test_release_leaves_the_agent_handed_to_the_releasing_worker_for_its_u
     assert api.get("Agent", "host-a") is not None and api.get("Agent", "host-b") is not None
 
 
+async def test_release_of_a_named_agent_never_deletes_another_workers(api, api_assisted, kit):
+    """Slot A's host was given to slot B behind A's back; B's wait matched A's Agent and B's hand-off
+    failed (AgentOwnedElsewhere). B's release names that Agent: it must be left to A. An unhanded
+    Agent is deleted as before, and one handed to B is returned for B's unbind."""
+    api.nodepool("np", SELECTOR)
+    host = kit.random_macs(2)
+    api.agent("a1", [*host, kit.random_macs(1)[0]])  # the host's MACs plus an Agent-only NIC
+    order = OrderRef(namespace=api.ns, name="order-1")
+    hand = HandAgentInput(
+        agent=AgentRef(namespace=api.ns, name="a1"),
+        nodepool=NodePoolRef(namespace=api.ns, name="np"),
+        worker="order-1-worker-0",
+    )
+    await kit.run()(api_assisted.hand_agent_to_nodepool, hand)
+    with pytest.raises(ApplicationError) as taken:
+        await kit.run()(
+            api_assisted.hand_agent_to_nodepool, hand.model_copy(update={"worker": "order-1-worker-1"})
+        )
+    assert taken.value.type == HubErrorType.AGENT_OWNED_ELSEWHERE
+
+    def release(agent: str, worker: str | None = "order-1-worker-1", macs=()) -> ReleaseAgentInput:
+        return ReleaseAgentInput(
+            agent=AgentRef(namespace=api.ns, name=agent),
+            infraenv=InfraEnvRef.for_order(order),
+            order=order,
+            macs=list(macs),
+            worker=worker,
+        )
+
+    before = api.get("Agent", "a1")
+    kept = await kit.run()(api_assisted.release_agent, release("a1", macs=host))
+    assert kept.kept == ["a1"] and kept.deleted == [] and kept.handed == []
+    assert api.get("Agent", "a1") == before  # untouched
+
+    # Bound to a cluster without any slot's hand-off (claimed by someone else): untouched too.
+    api.agent("bound", kit.random_macs(1))
+    api.patch("Agent", "bound", {"spec": {"clusterDeploymentName": {"name": "c", "namespace": api.ns}}})
+    assert (await kit.run()(api_assisted.release_agent, release("bound"))).kept == ["bound"]
+    assert api.get("Agent", "bound") is not None
+
+    # Nobody's: deleted, as before.
+    api.agent("unhanded", kit.random_macs(1))
+    gone = await kit.run()(api_assisted.release_agent, release("unhanded"))
+    assert gone.deleted == ["unhanded"] and api.get("Agent", "unhanded") is None
+
+    # The releasing worker's own: left for its unbind, as before.
+    api.agent("b1", kit.random_macs(1))
+    b1 = AgentRef(namespace=api.ns, name="b1")
+    to_b = hand.model_copy(update={"agent": b1, "worker": "order-1-worker-1"})
+    await kit.run()(api_assisted.hand_agent_to_nodepool, to_b)
+    own = await kit.run()(api_assisted.release_agent, release("b1"))
+    assert own.handed == ["b1"] and own.deleted == [] and api.get("Agent", "b1") is not None
+
+    # An unbind (no worker: it knows the Agent is its own) deletes it.
+    assert (await kit.run()(api_assisted.release_agent, release("b1", worker=None))).deleted == ["b1"]
+    assert api.get("Agent", "b1") is None and api.get("Agent", "a1") == before
+
+
 # ---------------------------------------------------------------------------------------------
 # Hand-off and level-based replicas
 

@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from temporalio.exceptions import ApplicationError
 
 from activities.assisted import AssistedActivities
+from activities.kube import INFRA_ENVS, condition
 from contracts.hub import HubErrorType, InfraEnvRef
 from contracts.refs import OrderRef
 from lab.http_server import ThreadedServer
@@ -120,7 +121,7 @@ async def test_ensure_infraenv_needs_an_order_and_a_pull_secret(api, api_kube, h
     assert api.get("Secret", "no-secret-pull-secret")["data"][".dockerconfigjson"] == encoded
 
 
-async def test_wait_infraenv_ready_shows_image_created_false_then_ready(lab_api, lab_assisted, kit):
+async def test_wait_infraenv_ready_shows_image_created_false_then_ready(lab_api, lab_assisted, lab_kube, kit):
     order = lab_api.order()
     # The InfraEnv first, its Secret later: assisted-service reports ImageCreated=False meanwhile.
     lab_api.create(
@@ -145,20 +146,79 @@ async def test_wait_infraenv_ready_shows_image_created_false_then_ready(lab_api,
     ref = InfraEnvRef.for_order(order_ref(lab_api))
     task = asyncio.create_task(run(lab_assisted.wait_infraenv_ready, ref))
 
-    def image_created_false() -> bool:
-        return any(h[0].get("image_created_status") == "False" for h in run.heartbeats)
+    async def heartbeat_after(count: int) -> dict:
+        while len(run.heartbeats) <= count:
+            assert not task.done(), "ready before its pull secret was valid"
+            run.beat.clear()
+            await asyncio.wait_for(run.beat.wait(), 30)
+        return dict(run.heartbeats[count][0])
 
-    while not image_created_false():
-        assert not task.done(), "ready before its pull secret existed"
-        run.beat.clear()
-        await asyncio.wait_for(run.beat.wait(), 30)
-    await kit.run()(lab_assisted.ensure_infraenv, order_ref(lab_api))  # creates the Secret
+    while not any(h[0].get("image_created_status") == "False" for h in run.heartbeats):
+        await heartbeat_after(len(run.heartbeats))
+
+    # Then a pull secret assisted-service refuses: it quotes the whole secret in the condition's
+    # message ("invalid pull secret data in secret <name> <data>: <why>"), tenant credentials and all.
+    auths = {**json.loads(kit.pull_secret)["auths"], "registry.example.com": {"email": "t@example.com"}}
+    refused = json.dumps({"auths": auths})
+    lab_api.create(
+        "Secret",
+        {
+            "metadata": {"name": "order-1-pull-secret"},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": base64.b64encode(refused.encode()).decode()},
+        },
+    )
+    informer = lab_kube.informer(INFRA_ENVS)
+
+    def quotes_the_secret() -> bool:
+        cached = informer.get(ref.namespace, ref.name)
+        message = str((condition(cached, "ImageCreated") or {}).get("message")) if cached else ""
+        return kit.pull_secret_marker in message
+
+    await asyncio.wait_for(informer.wait(lambda: quotes_the_secret() or None, tick_seconds=1), 30)
+    # The wait's next heartbeat is built from that condition.
+    refused_beat = await heartbeat_after(len(run.heartbeats))
+    assert refused_beat["image_created_status"] == "False"
+    assert refused_beat["image_created_reason"] == "ImageCreationError"
+    assert refused_beat["image_created_message"].startswith("Failed to create image")
+
+    await kit.run()(lab_assisted.ensure_infraenv, order_ref(lab_api))  # puts the order's secret back
     ready = await asyncio.wait_for(task, 30)
     assert ready.image_created and ready.infraenv == ref
-    false_beat = next(h[0] for h in run.heartbeats if h[0].get("image_created_status") == "False")
-    assert false_beat["image_created_reason"] == "ImageCreationError"
     text = kit.dumps(run.heartbeats) + kit.dumps(ready)
     assert "api_key" not in text and "http" not in text and kit.pull_secret_marker not in text
+    assert "registry.example.com" not in text
+
+
+async def test_wait_infraenv_ready_heartbeats_no_condition_text(api, api_assisted, api_kube, kit):
+    """Whatever the hub writes into ImageCreated, only its status and a reason-shaped reason are
+    passed on; the message is replaced by a fixed text for a known reason."""
+    api.order()
+    ref = (await kit.run()(api_assisted.ensure_infraenv, order_ref(api))).infraenv
+    leak = f"Failed to create image: invalid pull secret data in secret x {kit.pull_secret}: nope"
+    conditions = [
+        {"type": "ImageCreated", "status": "False", "reason": "ImageCreationError", "message": leak},
+        {"type": "ImageCreated", "status": leak, "reason": leak, "message": leak},
+    ]
+    informer = api_kube.informer(INFRA_ENVS)
+    fixed_text = "Failed to create image: see the InfraEnv's ImageCreated condition on the hub"
+    for cond, expected in zip(conditions, [("False", "ImageCreationError"), (None, None)], strict=True):
+        api.patch("InfraEnv", ref.name, {"status": {"conditions": [cond]}}, status=True)
+
+        def cached(cond: dict = cond) -> bool | None:
+            obj = informer.get(ref.namespace, ref.name)
+            return (obj is not None and condition(obj, "ImageCreated") == cond) or None
+
+        # The heartbeats describe the cached InfraEnv: start once it holds this condition.
+        await asyncio.wait_for(informer.wait(cached, tick_seconds=1), 30)
+        run = kit.run()
+        task = asyncio.create_task(run(api_assisted.wait_infraenv_ready, ref))
+        await run.first_heartbeat()
+        task.cancel()
+        beat = run.heartbeats[0][0]
+        assert (beat["image_created_status"], beat["image_created_reason"]) == expected
+        assert beat["image_created_message"] == (fixed_text if expected[1] else None)
+        assert kit.pull_secret_marker not in kit.dumps(run.heartbeats)
 
 
 async def test_discovery_ignition_from_assisted_service(lab_api, lab_assisted, lab_kube, kit):

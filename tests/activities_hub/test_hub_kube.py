@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from activities.kube import (
     AGENTS,
@@ -21,6 +23,7 @@ from activities.kube import (
     HubNotFound,
     HubUnavailable,
     WaitTimedOut,
+    map_api_exception,
 )
 from contracts.hub import HubErrorType, WaitAgentInput
 from lab.http_server import free_port
@@ -178,6 +181,39 @@ async def test_many_waiters_share_one_watch(api, api_hub, api_assisted, api_kube
     # Agent still without its inventory); a polling wait would cost far more, one stream serves all.
     assert before + len(hosts) <= api.requests_by(kit.worker_user) <= before + 2 * len(hosts)
     assert informer.stats.watches == watches_before
+
+
+def test_a_status_with_free_text_in_reason_or_causes_is_not_copied_into_the_error(kit):
+    """An admission webhook answers with any Status it likes: a reason that is no StatusReason and
+    cause "fields" that are no field paths never reach the error's message or details."""
+    leak = f"denied: pull secret {kit.pull_secret} rejected"
+    status = {
+        "kind": "Status",
+        "status": "Failure",
+        "code": 422,
+        "reason": leak,
+        "message": leak,
+        "details": {
+            "causes": [
+                {"field": "spec.pullSecret", "message": leak},
+                {"field": leak, "message": "x"},
+                {"field": kit.pull_secret, "message": "x"},
+            ]
+        },
+    }
+    exc = ApiException(status=422, reason=leak)
+    exc.body = json.dumps(status)
+    error = map_api_exception(exc, "create", CLUSTER_ORDERS, "ns", "o")
+    assert isinstance(error, HubInvalid) and error.non_retryable
+    assert error.reason == "Unprocessable Entity"  # the code's standard phrase, not the server's text
+    assert error.fields == ("spec.pullSecret",)
+    text = str(error) + repr(error.details)
+    assert kit.pull_secret_marker not in text and "denied" not in text
+
+    # A genuine StatusReason is kept, and still tells an AlreadyExists from a Conflict.
+    exc = ApiException(status=409, reason="Conflict")
+    exc.body = json.dumps({"kind": "Status", "code": 409, "reason": "AlreadyExists"})
+    assert isinstance(map_api_exception(exc, "create", CLUSTER_ORDERS, "ns", "o"), HubAlreadyExists)
 
 
 async def test_informer_resumes_after_cut_and_relists_after_gone(tmp_path, api):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from typing import Any
 
@@ -10,7 +12,7 @@ import httpx
 from lab.hub_controllers.constants import AGENT_AUTH_HEADER, ASSISTED_API_PREFIX
 from lab.hub_controllers.ignition import decode_data_url, extract_agent_config, load_ignition
 from lab.hub_controllers.inventory import host_inventory
-from lab.hub_controllers.resources import AGENTS, INFRA_ENVS
+from lab.hub_controllers.resources import AGENTS, INFRA_ENVS, SECRETS
 from lab.hub_controllers.testing import (
     PULL_SECRET,
     AgentHistory,
@@ -93,6 +95,39 @@ def test_missing_pull_secret_fails_the_image_until_it_appears(lab: Lab, ns: str)
     ready = wait_until(
         lambda: ready_infra_env(lab.client, ns, "infraenv"), "recovery after the Secret appears"
     )
+    assert ready["status"]["bootArtifacts"]["discoveryIgnitionURL"]
+
+
+def test_a_refused_pull_secret_is_quoted_in_the_image_condition(lab: Lab, ns: str) -> None:
+    """As assisted-service: GetValidPullSecret wraps the validation error with the secret's data, and
+    the InfraEnv controller writes "Failed to create image: <error>" into ImageCreated."""
+    refused = json.dumps({"auths": {"quay.io": {"email": "robot@example.com", "password": "hunter2-secret"}}})
+    lab.client.create(
+        SECRETS,
+        {
+            "metadata": {"name": "pull-secret", "namespace": ns},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": base64.b64encode(refused.encode()).decode()},
+        },
+    )
+    create_infra_env(lab.client, ns, with_secret=False, wait=False)
+
+    def refused_condition() -> dict[str, str] | None:
+        cond = condition(lab.client.get(INFRA_ENVS, ns, "infraenv"), "ImageCreated")
+        return cond if cond and cond["status"] == "False" and "hunter2" in cond["message"] else None
+
+    cond = wait_until(refused_condition, "ImageCreated=False quoting the pull secret")
+    assert cond["reason"] == "ImageCreationError"
+    assert cond["message"] == (
+        f"Failed to create image: invalid pull secret data in secret pull-secret {refused}: "
+        """invalid pull secret: "quay.io" JSON-object requires either 'auth' or 'credsStore' field"""
+    )
+    assert "bootArtifacts" not in (lab.client.get(INFRA_ENVS, ns, "infraenv") or {}).get("status", {})
+
+    # A usable secret in its place: the image is built.
+    valid = base64.b64encode(PULL_SECRET.encode()).decode()
+    lab.client.patch(SECRETS, ns, "pull-secret", {"data": {".dockerconfigjson": valid}})
+    ready = wait_until(lambda: ready_infra_env(lab.client, ns, "infraenv"), "recovery with a valid secret")
     assert ready["status"]["bootArtifacts"]["discoveryIgnitionURL"]
 
 
