@@ -24,6 +24,8 @@ WORKER_RULES = {
     ("cluster.x-k8s.io", "machines"): {"get", "list", "watch", "patch"},
     ("osac.openshift.io", "clusterorders"): {"get", "list", "watch", "patch"},
     ("osac.openshift.io", "clusterorders/status"): {"get", "patch", "update"},
+    # blockOwnerDeletion on the InfraEnv's and Secret's owner reference (OpenShift admission).
+    ("osac.openshift.io", "clusterorders/finalizers"): {"update"},
     ("", "secrets"): {"create", "get", "patch", "delete"},
     ("", "events"): {"create", "patch"},
 }
