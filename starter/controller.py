@@ -20,7 +20,17 @@ Per order:
   by the workflow's guard is sent again, confirmed, once the order carries the annotation
   `osac.openshift.io/confirm-scale-down=true`;
 - deleting (with our finalizer): the workflow is told to decommission and the finalizer removed only
-  once the workflow completed, i.e. every BMI is gone (wiped) and the InfraEnv deleted.
+  once the workflow completed, i.e. every BMI is gone (wiped) and the InfraEnv deleted, and BMaaS
+  lists no BMI of the order. The last check also covers a workflow not found at all (never started,
+  or a stopped run purged by retention while its abandoned workers hold hosts): BMIs left get
+  `WorkersWorkflowStopped=True` (reason `HostsStillAllocated`, looked at again every poll). An order
+  showing `WorkersWorkflowStopped` for any other reason (its workflow failed or was terminated)
+  keeps the finalizer until an operator removes that condition;
+- deleting without our finalizer, its workflow running (another controller finalized the order
+  while this one was starting the workflow, or a library caller started one): the workflow is told
+  to decommission, and releases its hosts; the finalizer is not added back (the object may go any
+  moment). The controller that starts or changes a workflow reads the order again afterwards and
+  does the same if it was deleted meanwhile (it may be gone by then, and no event would follow).
 
 Restart-safe and idempotent: all state lives on the hub (finalizer, conditions) and in Temporal
 (one workflow per order id; update-with-start never starts a second). Status writes by the workflow
@@ -28,8 +38,12 @@ change an order without changing its generation; such events are skipped once th
 applied, so a named scale-down (signal first, then the lower count on the order) is never undone
 by a stale count in between. Resyncs compare with the workflow regardless, to heal drift. Two
 controllers that see the same change send it with the same update id, which the server applies
-once. A workflow that ended abnormally (failed, terminated) is never replaced behind an operator's
-back: the order gets `WorkersWorkflowStopped=True` and keeps its finalizer.
+once. The id names the generation and both node sets, so a workflow that drifted back to a state
+it was in earlier in the generation (a named scale-down whose order write was lost) gets an id the
+server already completed, and is answered without the update running: when the workflow's node sets
+still differ from the order's afterwards, the change is sent again under an id naming the run and
+its history length. A workflow that ended abnormally (failed, terminated) is never replaced behind
+an operator's back: the order gets `WorkersWorkflowStopped=True` and keeps its finalizer.
 """
 
 from __future__ import annotations
@@ -45,6 +59,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from activities.bmaas.activities import order_filter
+from activities.bmaas.client import BmaasClient
+from activities.bmaas.snapshot import BmiSnapshot
 from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus
@@ -168,11 +185,14 @@ class ClusterOrderController:
         health_file: Path | None = None,
         error_backoff: tuple[float, float] = (0.5, 60.0),
         decommission_poll_seconds: float = 60.0,
+        bmaas: BmaasClient | None = None,
     ) -> None:
+        """`bmaas`: where the BMIs of a deleting order are listed (the catalog's client by default)."""
         self._kube = kube
         self._orders = HubOrders(kube)
         self._api = api
         self._catalog = catalog
+        self._bmaas = bmaas if bmaas is not None else catalog.client
         self._namespaces = frozenset(namespaces)
         self._resync = resync_seconds
         self._concurrency = max(1, concurrency)
@@ -327,7 +347,10 @@ class ClusterOrderController:
             return None
         managed = FINALIZER in finalizers(obj)
         if facts.deleting:
-            return await self._finalize(key, ref) if managed else None
+            if managed:
+                return await self._finalize(key, ref)
+            await self._deleting_without_finalizer(ref)
+            return None
         if not (facts.node_sets or facts.invalid_node_requests or managed):
             return None  # not a bare-metal order
         if not full and self._generation_applied(obj, managed):
@@ -355,7 +378,10 @@ class ClusterOrderController:
         if facts.unmanaged:
             return None
         if facts.deleting:
-            return await self._finalize(key, ref) if FINALIZER in finalizers(obj) else None
+            if FINALIZER in finalizers(obj):
+                return await self._finalize(key, ref)
+            await self._deleting_without_finalizer(ref)
+            return None
         desired = desired_node_sets(facts)
         problem = order_problem(facts)
         state = await self._api.workflow_state(ref)
@@ -399,18 +425,28 @@ class ClusterOrderController:
         confirm = confirmed(obj)
         update_id = apply_id(facts.uid, generation(obj), desired, observed, state, confirm)
         try:
-            await self._api.apply(
-                ref,
-                desired,
-                instance_types=await self._catalog.names(),
-                update_id=update_id,
-                confirm_scale_down=confirm,
-                order_generation=generation(obj),
-            )
+            await self._apply(ref, desired, update_id, confirm, generation(obj))
         except CommandError as err:
             await self._reject(ref, str(err), None, generation(obj))
             return None
+        # Only a running workflow can have completed this id before.
+        again = None
+        if observed is not None:
+            again = await self._deduplicated(ref, desired, update_id, generation(obj))
+        if again is not None:
+            try:
+                await self._apply(ref, desired, again, confirm, generation(obj))
+            except CommandError as err:
+                await self._reject(ref, str(err), None, generation(obj))
+                return None
         self.stats.applies += 1
+        # Another controller may have found the order deleting with no workflow yet and removed our
+        # finalizer between ours and the start above: nobody else would decommission this workflow.
+        after = await self._orders.get(ref)
+        if after is None or (order_facts(ref, after).deleting and FINALIZER not in finalizers(after)):
+            log.warning("order %s: deleted while its workflow was being started; decommissioning it", ref.key)
+            await self._decommission(ref)
+            return None
         log.info(
             "order %s: node sets applied (%s)",
             ref.key,
@@ -418,6 +454,50 @@ class ClusterOrderController:
         )
         await self._accepted(ref, None, desired, generation(obj))
         return None
+
+    async def _apply(
+        self,
+        ref: OrderRef,
+        desired: Sequence[NodeSetRequest],
+        update_id: str,
+        confirm: bool,
+        gen: int | None,
+    ) -> None:
+        await self._api.apply(
+            ref,
+            desired,
+            instance_types=await self._catalog.names(),
+            update_id=update_id,
+            confirm_scale_down=confirm,
+            order_generation=gen,
+        )
+
+    async def _deduplicated(
+        self, ref: OrderRef, desired: Sequence[NodeSetRequest], update_id: str, gen: int | None
+    ) -> str | None:
+        """A new id to send the change again under, if the server answered `update_id` from an
+        earlier completion.
+
+        The id is the same whenever the workflow is back in a state it had earlier in this
+        generation (a named scale-down lowered it, the order's lower count never written): the
+        server then returns the stored result without running the update. The workflow's node sets
+        tell: still not the order's. A newer generation applied meanwhile (another controller) is
+        left alone. The new id names the run and its history length, which grew since any earlier
+        send, and is the same for controllers that look at the same moment."""
+        now = await self._api.status(ref)
+        if now.decommissioning or same_node_sets(now.node_sets, desired):
+            return None
+        if (now.order_generation or 0) > (gen or 0):
+            return None
+        description = await self._api.handle(ref).describe()
+        log.info(
+            "order %s: update %s was answered from an earlier completion; the workflow still has %s;"
+            " sending it again",
+            ref.key,
+            update_id,
+            ", ".join(f"{n.name}={n.count}" for n in now.node_sets) or "none",
+        )
+        return f"{update_id}/again/{description.run_id}/{description.history_length}"
 
     async def _accepted(
         self, ref: OrderRef, obj: KubeObject | None, desired: Sequence[NodeSetRequest], applied: int | None
@@ -488,32 +568,87 @@ class ClusterOrderController:
             state.value,
             f"The workers workflow {cluster_workflow_id(ref)} ended {state.value}; its hosts may still be"
             " allocated. An operator must check it (temporal workflow describe) before the controller"
-            " acts on this order again.",
+            " acts on this order again; a deleting order keeps its finalizer until this condition is"
+            " removed.",
             obj,
         )
 
     async def _finalize(self, key: str, ref: OrderRef) -> float | None:
         state = await self._api.workflow_state(ref)
-        if state in (WorkflowState.ABSENT, WorkflowState.COMPLETED):
-            # Completed = every worker released, every BMI confirmed gone, the InfraEnv deleted.
-            await self._orders.remove_finalizer(ref)
-            self._finish_waiters.pop(key, None)
-            self.stats.finalized += 1
-            log.info("order %s: workers decommissioned; finalizer removed", ref.key)
-            return None
         if state.closed_abnormally:
             await self._workflow_stopped(ref, state, None)
             return None
+        if state == WorkflowState.RUNNING:
+            await self._decommission(ref)
+            self._await_finished(key, ref)
+            return self._decommission_poll
+        # Completed (every worker released, every BMI confirmed gone, the InfraEnv deleted) or no
+        # workflow at all. Absent may also be a stopped run that retention purged, whose abandoned
+        # workers still hold hosts: the finalizer goes only on a fresh look at the order and BMaaS.
+        obj = await self._orders.get(ref)
+        if obj is None:
+            return None
+        stopped = condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
+        if stopped is not None and stopped.get("reason") != ConditionReason.HOSTS_STILL_ALLOCATED:
+            log.warning(
+                "order %s: deleting, its workers workflow is %s after it ended %s; the finalizer stays"
+                " until an operator removes the condition %s",
+                ref.key,
+                state.value,
+                stopped.get("reason"),
+                ControllerCondition.WORKERS_WORKFLOW_STOPPED.value,
+            )
+            return None
+        held = await self._order_bmis(ref)
+        if held:
+            log.error(
+                "order %s: deleting, no workers workflow runs (%s) but BMaaS still lists its BMIs %s;"
+                " finalizer kept",
+                ref.key,
+                state.value,
+                ", ".join(held),
+            )
+            await self._orders.set_condition(
+                ref,
+                ControllerCondition.WORKERS_WORKFLOW_STOPPED,
+                ConditionStatus.TRUE,
+                ConditionReason.HOSTS_STILL_ALLOCATED,
+                f"No workers workflow runs for this order ({cluster_workflow_id(ref)}: {state.value}), yet"
+                f" BMaaS still lists its BareMetalInstances {', '.join(held)}. The finalizer stays until"
+                " they are released and wiped; an operator must find what holds them (temporal workflow"
+                f" list --query \"OsacClusterOrder='{ref.key}'\").",
+                obj,
+            )
+            return self._decommission_poll
+        await self._orders.remove_finalizer(ref)
+        self._finish_waiters.pop(key, None)
+        self.stats.finalized += 1
+        log.info("order %s: workers decommissioned; finalizer removed", ref.key)
+        return None
+
+    async def _deleting_without_finalizer(self, ref: OrderRef) -> None:
+        """A deleting order without our finalizer: a workflow still running for it was started
+        after the finalizer went (a start racing the deletion) and would hold its hosts for ever."""
+        if await self._api.workflow_state(ref) != WorkflowState.RUNNING:
+            return
+        log.warning("order %s: deleting without our finalizer, but its workers workflow runs", ref.key)
+        await self._decommission(ref)
+
+    async def _decommission(self, ref: OrderRef) -> None:
         status = await self._api.status(ref)
-        if not status.decommissioning:
-            try:
-                await self._api.decommission(ref)
-                self.stats.decommissions += 1
-                log.info("order %s: deleting; decommissioning its workers", ref.key)
-            except CommandError as err:
-                log.info("order %s: decommission already under way (%s)", ref.key, err)
-        self._await_finished(key, ref)
-        return self._decommission_poll
+        if status.decommissioning:
+            return
+        try:
+            await self._api.decommission(ref)
+            self.stats.decommissions += 1
+            log.info("order %s: deleting; decommissioning its workers", ref.key)
+        except CommandError as err:
+            log.info("order %s: decommission already under way (%s)", ref.key, err)
+
+    async def _order_bmis(self, ref: OrderRef) -> list[str]:
+        """The BMIs BMaaS lists for the order, any state (DELETING: not wiped yet)."""
+        items = await self._bmaas.list_instances(order_filter(ref.name))
+        return sorted(s.name or s.id for s in map(BmiSnapshot.from_api, items) if s.belongs_to(ref))
 
     def _await_finished(self, key: str, ref: OrderRef) -> None:
         """Look at the key again the moment its workflow completes (the poll is only a fallback)."""

@@ -49,6 +49,8 @@ class ConditionReason(StrEnum):
     ACCEPTED = "NodeRequestsAccepted"
     INVALID = "InvalidNodeRequests"
     RUNNING = "WorkflowRunning"
+    # `WorkersWorkflowStopped`: no workflow runs for a deleting order, yet BMaaS lists BMIs of it.
+    HOSTS_STILL_ALLOCATED = "HostsStillAllocated"
 
 
 class OrderChangeError(Exception):

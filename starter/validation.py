@@ -44,6 +44,11 @@ class InstanceTypeCatalog:
         self._fetched = 0.0
         self._lock = asyncio.Lock()
 
+    @property
+    def client(self) -> BmaasClient:
+        """The BMaaS client it reads through (the controller lists a deleting order's BMIs with it)."""
+        return self._client
+
     async def names(self) -> list[str]:
         async with self._lock:
             if self._names is None or time.monotonic() - self._fetched > self._ttl:

@@ -15,20 +15,30 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from temporalio.service import RPCError
 
 from activities.bmaas.client import BmaasClient
 from activities.kube import HubKube
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
-from contracts.workflows import CONFIRM_SCALE_DOWN_ANNOTATION, ClusterWorkersStatus, cluster_workflow_id
+from contracts.workflows import (
+    CONFIRM_SCALE_DOWN_ANNOTATION,
+    ClusterWorkersStatus,
+    cluster_workflow_id,
+    worker_workflow_id,
+)
 from starter.api import OrderNotFound, WorkersApi, WorkflowState
 from starter.controller import ClusterOrderController
 from starter.validation import InstanceTypeCatalog
 from tests.workflows.stack import CLUSTER_ORDERS, PULL_SECRET, RELEASE_IMAGE, Stack, eventually
+from workflows.worker_node import WorkerNodeWorkflow
 
 ORDER_PATH = CLUSTER_ORDERS + "/namespaces/{namespace}/clusterorders"
 FINALIZER = "osac.openshift.io/baremetal-workers"
+OSAC_FINALIZER = "osac.openshift.io/clusterorder"  # OSAC's own, which holds a deleting order meanwhile
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0e t@x"
 
 
@@ -95,10 +105,13 @@ def order_body(
     node_requests: list[dict[str, Any]],
     *,
     annotations: dict[str, str] | None = None,
+    finalizers: list[str] | None = None,
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": ref.name, "namespace": ref.namespace}
     if annotations:
         metadata["annotations"] = annotations
+    if finalizers:
+        metadata["finalizers"] = finalizers
     return {
         "apiVersion": "osac.openshift.io/v1alpha1",
         "kind": "ClusterOrder",
@@ -134,9 +147,10 @@ async def create_order(
     *,
     namespace: str | None = None,
     annotations: dict[str, str] | None = None,
+    finalizers: list[str] | None = None,
 ) -> OrderRef:
     ref = OrderRef(namespace=namespace or await new_namespace(stack), name=f"o{uuid.uuid4().hex[:8]}")
-    body = order_body(ref, node_requests, annotations=annotations)
+    body = order_body(ref, node_requests, annotations=annotations, finalizers=finalizers)
     response = await stack.hub_http.post(ORDER_PATH.format(namespace=ref.namespace), json=body)
     response.raise_for_status()
     return ref
@@ -164,6 +178,18 @@ async def patch_order(stack: Stack, ref: OrderRef, patch: dict[str, Any]) -> dic
 
 async def delete_order(stack: Stack, ref: OrderRef) -> None:
     response = await stack.hub_http.delete(f"{ORDER_PATH.format(namespace=ref.namespace)}/{ref.name}")
+    response.raise_for_status()
+
+
+async def remove_condition(stack: Stack, ref: OrderRef, kind: str) -> None:
+    """What an operator does to a condition once they have looked (a status patch)."""
+    obj = await get_order(stack, ref)
+    kept = [c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c.get("type") != kind]
+    response = await stack.hub_http.patch(
+        f"{ORDER_PATH.format(namespace=ref.namespace)}/{ref.name}/status",
+        json={"status": {"conditions": kept}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
     response.raise_for_status()
 
 
@@ -222,6 +248,47 @@ async def run_id(stack: Stack, ref: OrderRef) -> str:
 
 async def workflow_state(stack: Stack, ref: OrderRef) -> WorkflowState:
     return await stack.api.workflow_state(ref)
+
+
+async def terminate_cluster_workflow(stack: Stack, ref: OrderRef) -> None:
+    """As an operator would; its worker workflows (parent close policy ABANDON) keep their hosts."""
+    await stack.client.get_workflow_handle(cluster_workflow_id(ref)).terminate(reason="test: by hand")
+    await eventually(
+        lambda: _in_state(stack, ref, WorkflowState.TERMINATED), f"the workflow of {ref.key} terminated"
+    )
+
+
+async def purge_cluster_workflow(stack: Stack, ref: OrderRef) -> None:
+    """The order's workflow record deleted, as retention deletes a closed run's."""
+    request = DeleteWorkflowExecutionRequest(
+        namespace=stack.client.namespace,
+        workflow_execution=WorkflowExecution(workflow_id=cluster_workflow_id(ref)),
+    )
+    await stack.client.workflow_service.delete_workflow_execution(request)
+    await eventually(lambda: _in_state(stack, ref, WorkflowState.ABSENT), f"the workflow of {ref.key} purged")
+
+
+async def _in_state(stack: Stack, ref: OrderRef, state: WorkflowState) -> bool:
+    return await workflow_state(stack, ref) == state
+
+
+async def release_hosts(stack: Stack, ref: OrderRef) -> None:
+    """An operator's release of the hosts that abandoned worker workflows hold: each is told to
+    scale down (it unbinds its Agent, deletes its BMI, BMaaS wipes the host), until BMaaS lists no
+    BMI of the order. A BMI no running workflow holds is deleted directly."""
+    for bmi in await stack.bmis(ref):
+        handle = stack.client.get_workflow_handle(worker_workflow_id(ref, str(bmi["metadata"]["name"])))
+        try:
+            await handle.signal(WorkerNodeWorkflow.scale_down)
+        except RPCError:  # not running
+            response = await stack.bmaas_http.delete(f"/api/private/v1/baremetal_instances/{bmi['id']}")
+            if response.status_code != 404:
+                response.raise_for_status()
+
+    async def none_listed() -> bool:
+        return await stack.bmis(ref) == []
+
+    await eventually(none_listed, f"BMaaS to list no BMI of {ref.key}", timeout=120)
 
 
 def cli_env(stack: Stack, temporal_address: str) -> dict[str, str]:

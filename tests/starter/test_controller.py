@@ -1,5 +1,5 @@
 """The ClusterOrder controller against the hub twin, the BMaaS twin, a real worker and Temporal:
-create, change, unmanaged, delete with the finalizer, invalid orders."""
+create, change, unmanaged, delete with the finalizer (and without it), invalid orders."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.workflows import cluster_workflow_id
 from starter.api import WorkflowState
 from tests.starter.harness import (
     CONFIRM,
     FINALIZER,
+    OSAC_FINALIZER,
     UNMANAGED,
     RunningController,
     bare_metal,
@@ -24,7 +26,11 @@ from tests.starter.harness import (
     finalizers,
     get_order,
     patch_order,
+    purge_cluster_workflow,
+    release_hosts,
+    remove_condition,
     run_id,
+    terminate_cluster_workflow,
     update_names,
     wait_condition,
     wait_observed,
@@ -218,3 +224,106 @@ def _payload_texts(node: Any) -> list[str]:
         for value in node:
             found.extend(_payload_texts(value))
     return found
+
+
+MANAGED_AGAIN = {"metadata": {"annotations": {MANAGEMENT_STATE_ANNOTATION: None}}}
+
+
+async def test_a_deleted_order_without_a_workflow_keeps_its_finalizer_while_bmaas_lists_its_hosts(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """No workflow found (a stopped run purged by retention) is no proof that the hosts were
+    released: its abandoned worker workflows still hold them. BMaaS is asked."""
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    await wait_condition(stack, order, "NodeRequestsValid", "True")
+    # Hands off while the workflow goes, so that the controller only ever finds it absent.
+    await patch_order(stack, order, {"metadata": {"annotations": UNMANAGED}})
+    await wait_observed(stack, ctl, order)
+    await terminate_cluster_workflow(stack, order)
+    await purge_cluster_workflow(stack, order)
+    held = await stack.bmis(order)
+    assert len(held) == 1
+    await delete_order(stack, order)
+    await patch_order(stack, order, MANAGED_AGAIN)
+
+    async def flagged() -> dict[str, Any] | None:
+        obj = await get_order(stack, order)
+        assert obj is not None, "finalizer removed while BMaaS still lists a BMI of the order"
+        assert FINALIZER in finalizers(obj)
+        cond = condition(obj, "WorkersWorkflowStopped")
+        return cond if cond is not None and cond["status"] == "True" else None
+
+    cond = await eventually(flagged, "WorkersWorkflowStopped=True on the deleting order")
+    assert cond["reason"] == "HostsStillAllocated"
+    assert held[0]["metadata"]["name"] in cond["message"]
+
+    # Released by an operator: the finalizer goes once BMaaS lists none (the controller polls).
+    await release_hosts(stack, order)
+    await eventually(lambda: _absent(stack, order), f"{order.key} finalized", timeout=120)
+
+
+async def test_a_deleted_order_whose_workflow_stopped_keeps_its_finalizer_until_an_operator_looked(
+    stack: Stack, ctl: RunningController
+) -> None:
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    await wait_condition(stack, order, "NodeRequestsValid", "True")
+    await terminate_cluster_workflow(stack, order)
+    await delete_order(stack, order)
+    stopped = await wait_condition(stack, order, "WorkersWorkflowStopped", "True")
+    assert stopped["reason"] == WorkflowState.TERMINATED.value
+    # The hosts are released meanwhile, and retention purges the stopped run: nothing tells the
+    # controller any more that an operator has yet to look, but the condition.
+    await release_hosts(stack, order)
+    await purge_cluster_workflow(stack, order)
+    poked = await patch_order(stack, order, {"metadata": {"annotations": {"example.com/poke": "1"}}})
+
+    async def looked_at() -> bool:
+        obj = await get_order(stack, order)
+        assert obj is not None, "finalizer removed while the order shows WorkersWorkflowStopped"
+        assert FINALIZER in finalizers(obj)
+        return ctl.controller.observed.get(order.key) == poked["metadata"]["resourceVersion"]
+
+    await eventually(looked_at, f"the controller to have reconciled {order.key} after the poke")
+    assert condition(await get_order(stack, order), "WorkersWorkflowStopped") is not None
+
+    # The operator has looked and removes the condition: the finalizer goes.
+    await remove_condition(stack, order, "WorkersWorkflowStopped")
+    await eventually(lambda: _absent(stack, order), f"{order.key} finalized", timeout=120)
+
+
+async def test_a_workflow_running_for_an_order_deleted_without_our_finalizer_is_decommissioned(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """Our finalizer already gone (a controller found no workflow yet), the order held by OSAC's
+    own: a start that lands now (another controller's, a library caller's) is decommissioned, and
+    the finalizer is not added back."""
+    # A cluster first (no bare-metal request yet: the controller ignores it), hands off while it
+    # gets one and is deleted.
+    order = await create_order(
+        stack, [{"numberOfNodes": 0, "resourceClass": "small"}], finalizers=[OSAC_FINALIZER]
+    )
+
+    async def cluster() -> Any:
+        return ((await get_order(stack, order)) or {}).get("status", {}).get("clusterReference")
+
+    await eventually(cluster, f"the hosted cluster of {order.key}")
+    await patch_order(stack, order, {"metadata": {"annotations": UNMANAGED}})
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=1)}})
+    await delete_order(stack, order)
+    await patch_order(stack, order, MANAGED_AGAIN)
+    await wait_observed(stack, ctl, order)
+    assert await workflow_state(stack, order) == WorkflowState.ABSENT
+
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def decommissioned() -> bool:
+        return await workflow_state(stack, order) == WorkflowState.COMPLETED
+
+    await eventually(decommissioned, f"the workflow of the deleted {order.key} decommissioned", timeout=120)
+    assert await stack.bmis(order) == []
+    obj = await get_order(stack, order)
+    assert finalizers(obj) == [OSAC_FINALIZER]
+    await patch_order(stack, order, {"metadata": {"finalizers": []}})
+    await eventually(lambda: _absent(stack, order), f"{order.key} gone")

@@ -1,17 +1,24 @@
 """Restart safety: two controllers at once, and a controller restarted around a change, start one
-workflow and apply each change once (the workflow's history shows every accepted update)."""
+workflow and apply each change once (the workflow's history shows every accepted update); a start
+racing another controller's finalization, and drift a resync must heal although its update id was
+used before."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 from contracts.refs import OrderRef
-from starter.api import WorkersApi
+from starter.api import WorkersApi, WorkflowState
 from tests.starter.harness import (
+    FINALIZER,
+    OSAC_FINALIZER,
     bare_metal,
     condition,
     controller,
     create_order,
+    delete_order,
+    finalizers,
     get_order,
     patch_order,
     run_id,
@@ -20,6 +27,7 @@ from tests.starter.harness import (
     wait_condition,
     wait_observed,
     wait_ready,
+    workflow_state,
 )
 from tests.workflows.stack import Stack, eventually
 
@@ -107,3 +115,86 @@ async def test_an_edit_made_while_the_previous_one_is_applied_is_applied_too(sta
 
 async def _key_in_infraenv(stack: Stack, order: OrderRef) -> bool:
     return (await stack.infraenv_inputs(order))[1] == NEW_KEY
+
+
+class _GatedApply:
+    """The library API, except that an apply waits at a gate: a controller that has added its
+    finalizer and is about to start the workflow."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack.api, name)
+
+    async def apply(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        await self.gate.wait()
+        return await self._stack.api.apply(order, *args, **kwargs)
+
+
+async def test_a_start_landing_after_another_controller_finalized_the_order_is_decommissioned(
+    stack: Stack,
+) -> None:
+    """Controller A adds the finalizer and is about to start the workflow; the tenant deletes the
+    order; controller B finds no workflow and no host, and removes the finalizer; the order goes.
+    Then A's start lands: A itself must decommission what it started (no event will come)."""
+    api = _GatedApply(stack)
+    first = await start_controller(stack, api=cast(WorkersApi, api))
+    try:
+        order = await create_order(stack, bare_metal(bm_standard=1), finalizers=[OSAC_FINALIZER])
+
+        async def starting() -> bool:
+            return api.entered.is_set()
+
+        await eventually(starting, "controller A about to start the workflow")
+        assert FINALIZER in finalizers(await get_order(stack, order))
+        await delete_order(stack, order)
+        async with controller(stack):
+
+            async def dropped() -> bool:
+                return FINALIZER not in finalizers(await get_order(stack, order))
+
+            await eventually(dropped, "controller B removing the finalizer")
+        await patch_order(stack, order, {"metadata": {"finalizers": []}})
+
+        async def gone() -> bool:
+            return await get_order(stack, order) is None
+
+        await eventually(gone, f"{order.key} gone")
+        assert await workflow_state(stack, order) == WorkflowState.ABSENT
+        api.gate.set()
+
+        async def decommissioned() -> bool:
+            return await workflow_state(stack, order) == WorkflowState.COMPLETED
+
+        await eventually(decommissioned, f"the workflow of the deleted {order.key} decommissioned", 120)
+        assert await stack.bmis(order) == []
+    finally:
+        api.gate.set()
+        await first.stop()
+
+
+async def test_a_resync_heals_drift_back_to_a_state_seen_earlier_in_the_generation(stack: Stack) -> None:
+    """The generation's apply came from 1 worker; a named scale-down whose order write was lost
+    takes the workflow back to 1. The resync's update id is the one the server completed for that
+    apply: it must still bring the workflow to the order's count."""
+    async with controller(stack, resync_seconds=2.0):
+        order = await create_order(stack, bare_metal(bm_standard=1))
+        await wait_ready(stack, order, 1)
+        await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
+        await wait_ready(stack, order, 2)
+        named = f"{order.name}-worker-1"
+        await stack.api.scale_down_worker(order, named)  # and no order write
+
+        async def healed() -> bool:
+            status = await stack.api.status(order)
+            names = [w.name for w in status.workers]
+            settled = status.ready_workers == 2 == status.current_workers == len(names)
+            return settled and status.desired_workers == 2 and named not in names
+
+        await eventually(healed, "the workflow back at the order's 2 workers, without the named one", 120)
+        accepted = condition(await get_order(stack, order), "NodeRequestsValid") or {}
+        assert accepted.get("status") == "True" and accepted.get("observedGeneration") == 2
