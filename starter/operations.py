@@ -189,8 +189,10 @@ class OrderOperations:
                 " only the workflow's count was lowered"
             )
             return lowered
-        count = max(asks.count - 1, 0)
-        await self.orders.set_node_count(order, lowered.name, count)
+        # Lowered inside the compare-and-swap: an edit landing between the read above and the write
+        # is lowered too, not overwritten.
+        written = await self.orders.set_node_count(order, lowered.name, lambda now: max(now - 1, 0))
+        count = next(n.count for n in order_facts(order, written).node_sets if n.name == lowered.name)
         return lowered.model_copy(update={"count": count})
 
     async def decommission(self, order: OrderRef, *, force: bool = False) -> ClusterWorkersStatus:

@@ -212,10 +212,16 @@ class HubOrders:
     # -- node requests ------------------------------------------------------------------------
 
     async def set_node_count(
-        self, order: OrderRef, node_set: str, count: int, *, annotations: dict[str, str] | None = None
+        self,
+        order: OrderRef,
+        node_set: str,
+        count: int | Callable[[int], int],
+        *,
+        annotations: dict[str, str] | None = None,
     ) -> KubeObject:
         """Set `numberOfNodes` of the bare-metal node request whose instance type is `node_set`
-        (and `annotations`, in the same write).
+        (and `annotations`, in the same write). `count` may be a function of the order's current
+        count, applied inside the compare-and-swap, so a concurrent edit is never overwritten.
 
         Returns the order as written (its new generation tells when the workflow has caught up)."""
         written: KubeObject | None = None
@@ -241,12 +247,14 @@ class HubOrders:
                     f" (known: {', '.join(known) or 'none'})"
                 )
             present = meta(current).get("annotations") or {}
-            if requests[matches[0]].get("numberOfNodes") == count and all(
+            now = requests[matches[0]].get("numberOfNodes")
+            wanted = count(now if isinstance(now, int) else 0) if callable(count) else count
+            if now == wanted and all(
                 present.get(k) == v for k, v in (annotations or {}).items()
             ):
                 written = current
                 return False
-            requests[matches[0]]["numberOfNodes"] = count
+            requests[matches[0]]["numberOfNodes"] = wanted
             metadata: dict[str, Any] = {"resourceVersion": meta(current).get("resourceVersion")}
             if annotations:
                 metadata["annotations"] = annotations
