@@ -348,7 +348,7 @@ class ClusterWorkersWorkflow:
     async def _prepare(self) -> None:
         """Cluster reference, boot image and InfraEnv, before the first worker."""
         order = self._input.order
-        self._facts = await self._read_order_facts()
+        self._facts = await self._read_order_facts() or self._facts
         if self._decommissioning or self._facts is None:
             return
         self._cluster = await self._until_decommissioned(
@@ -493,7 +493,9 @@ class ClusterWorkersWorkflow:
         forgot, the object deleted behind a library caller's back) rather than failing the workflow,
         which would strand its hosts; None once a decommission makes it moot."""
         order = self._input.order
-        while not self._decommissioning:
+        while True:
+            # Read first, decommissioning or not: older code always read here, and its histories
+            # must schedule the same command.
             try:
                 facts: OrderFacts = await self._hub(
                     HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
@@ -506,8 +508,9 @@ class ClusterWorkersWorkflow:
                     ConditionStatus.FALSE,
                     "The hub refused to show the ClusterOrder; no workers are created until it does.",
                 )
+            if self._decommissioning:
+                return None
             await self._recheck_later()
-        return None
 
     def _show_refusal(
         self, err: ActivityError, kind: OrderConditionType, status: ConditionStatus, message: str
