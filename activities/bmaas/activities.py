@@ -269,10 +269,7 @@ class BmaasActivities:
         every = self._tick()
         beat = Heartbeat(every)
 
-        last: list[Observed] = []
-
         def progress(obs: Observed, streaming: bool) -> None:
-            last[:] = [obs]
             beat(lambda: _wait_progress(req.bmi_id, obs, streaming))
 
         remaining = (req.deadline - _now()).total_seconds() if req.deadline is not None else None
@@ -280,12 +277,16 @@ class BmaasActivities:
             async with asyncio.timeout(max(remaining, 0) if remaining is not None else None):
                 obs = await self.watcher.wait(req.bmi_id, done, tick=every, on_tick=progress)
         except TimeoutError:
-            state = last[0].state.value if last and isinstance(last[0], BmiSnapshot) else "unknown"
-            raise ApplicationError(
-                f"BMI {req.bmi_id} is not running by its deadline {req.deadline} (state {state})",
-                type=BmaasErrorType.PROVISIONING_FAILED.value,
-                non_retryable=True,
-            ) from None
+            # Look once more before failing a host: the cache may be stale (an outage across the
+            # deadline, a retry that starts past it). A GET that fails raises retryably: waited out.
+            obs = await self.watcher.refresh(req.bmi_id)
+            if not done(obs):
+                state = obs.state.value if isinstance(obs, BmiSnapshot) else "unknown"
+                raise ApplicationError(
+                    f"BMI {req.bmi_id} is not running by its deadline {req.deadline} (state {state})",
+                    type=BmaasErrorType.PROVISIONING_FAILED.value,
+                    non_retryable=True,
+                ) from None
         if not isinstance(obs, BmiSnapshot):
             raise BmaasApiError(
                 f"BMI {req.bmi_id} disappeared while waiting for it to run", BmaasErrorType.NOT_FOUND

@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities.bmaas import BmaasActivities
+from activities.bmaas.watcher import BmiWatcher
 from contracts.bmaas import (
     BmaasErrorType,
     BmiState,
@@ -313,3 +315,24 @@ async def test_a_bmi_not_running_by_its_deadline_fails_its_attempt(harness: Harn
     assert "not running by its deadline" in failed.value.message
     assert "PROVISIONING" in failed.value.message
     await harness.lab.timings(boot_s=0)
+
+
+async def test_a_wait_retried_past_its_deadline_still_returns_a_host_that_runs(harness: Harness) -> None:
+    """A retry that starts after the deadline (a worker process restarted around it), in a process
+    that has not seen the BMI yet: BMaaS is asked once more before the host is failed, and a
+    running one is returned, not wiped."""
+    await harness.lab.timings(boot_s=0.2)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
+    watcher = BmiWatcher(harness.client)
+    fresh = BmaasActivities(harness.client, watcher, harness.ignition, heartbeat_interval=0.2)
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    try:
+        running = await harness.run(
+            fresh.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id, deadline=past)
+        )
+    finally:
+        await watcher.stop()
+    assert running.bmi_id == created.instance.id and running.macs
