@@ -440,10 +440,11 @@ class ClusterOrderController:
                 await self._reject(ref, str(err), None, generation(obj))
                 return None
         self.stats.applies += 1
-        # Another controller may have found the order deleting with no workflow yet and removed our
-        # finalizer between ours and the start above: nobody else would decommission this workflow.
+        # The order may have been deleted meanwhile, and another controller may have looked before
+        # this start landed (no workflow yet, no BMI yet) and removed our finalizer, or be about to:
+        # whoever sees the order deleting after the start decommissions, so nobody else has to.
         after = await self._orders.get(ref)
-        if after is None or (order_facts(ref, after).deleting and FINALIZER not in finalizers(after)):
+        if after is None or order_facts(ref, after).deleting:
             log.warning("order %s: deleted while its workflow was being started; decommissioning it", ref.key)
             await self._decommission(ref)
             return None
