@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -202,27 +203,22 @@ async def test_a_late_get_answer_never_undoes_a_deleted_event(harness: Harness) 
     await h.lab.timings(boot_s=0.05)
     x = (await h.run(h.acts.create_worker_instance, h.slot(0))).instance.id
     await h.run(h.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=x))
-    transport = HoldingTransport(f"{LIST_PATH}/{x}")
-    client = BmaasClient(h.twin.url, h.token_file, timeout=30.0, transport=transport)
-    watcher = BmiWatcher(client, poll_initial=0.1, poll_max=0.5, reconnect_initial=0.05, reconnect_max=0.3)
     read: asyncio.Future[Any] | None = None
-    try:
-        await watcher.wait_streaming(20.0)
-        assert _state_of(watcher, x) == BmiState.RUNNING  # from the gap-closing list
-        read = asyncio.ensure_future(watcher.refresh(x))
-        await asyncio.wait_for(transport.held.wait(), 10)  # answered RUNNING, held on its way back
-        await h.lab.http.delete(f"{LIST_PATH}/{x}")
-        await wait_for(lambda: _gone(h, x), what="wipe finished, BMI gone")
-        await wait_for(lambda: _observed_is_gone(watcher, x), what="the DELETED event seen")
+    async with _holding_watcher(h, x) as (transport, _client, watcher):
+        try:
+            await watcher.wait_streaming(20.0)
+            assert _state_of(watcher, x) == BmiState.RUNNING  # from the gap-closing list
+            read = asyncio.ensure_future(watcher.refresh(x))
+            await asyncio.wait_for(transport.held.wait(), 10)  # answered RUNNING, held on its way back
+            await h.lab.http.delete(f"{LIST_PATH}/{x}")
+            await wait_for(lambda: _gone(h, x), what="wipe finished, BMI gone")
+            await wait_for(lambda: _observed_is_gone(watcher, x), what="the DELETED event seen")
 
-        transport.release.set()  # the stale RUNNING answer arrives now
-        assert await asyncio.wait_for(read, 10) is GONE
-        assert watcher.observed(x) is GONE
-    finally:
-        transport.release.set()
-        await _cancel(read)
-        await watcher.stop()
-        await client.aclose()
+            transport.release.set()  # the stale RUNNING answer arrives now
+            assert await asyncio.wait_for(read, 10) is GONE
+            assert watcher.observed(x) is GONE
+        finally:
+            await _cancel(read)
 
 
 async def test_wait_gone_returns_though_its_seeding_get_was_answered_before_the_wipe_ended(
@@ -235,28 +231,23 @@ async def test_wait_gone_returns_though_its_seeding_get_was_answered_before_the_
     await h.run(h.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=x))
     await h.lab.timings(wipe_s=1.5)
     await h.lab.http.delete(f"{LIST_PATH}/{x}")
-    transport = HoldingTransport(f"{LIST_PATH}/{x}")
-    client = BmaasClient(h.twin.url, h.token_file, timeout=30.0, transport=transport)
-    watcher = BmiWatcher(client, poll_initial=0.1, poll_max=0.5, reconnect_initial=0.05, reconnect_max=0.3)
-    acts = BmaasActivities(client, watcher, h.ignition, heartbeat_interval=0.2)
     gone: asyncio.Future[Any] | None = None
-    try:
-        gone = asyncio.ensure_future(
-            h.run(acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=x, stuck_after_seconds=3600))
-        )
-        await asyncio.wait_for(transport.held.wait(), 10)  # its seeding GET was answered: DELETING
-        await wait_for(lambda: _gone(h, x), what="wipe finished, BMI gone")
-        await wait_for(lambda: _observed_is_gone(watcher, x), what="the DELETED event seen")
-        transport.release.set()
+    async with _holding_watcher(h, x) as (transport, client, watcher):
+        acts = BmaasActivities(client, watcher, h.ignition, heartbeat_interval=0.2)
+        try:
+            gone = asyncio.ensure_future(
+                h.run(acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id=x, stuck_after_seconds=3600))
+            )
+            await asyncio.wait_for(transport.held.wait(), 10)  # its seeding GET was answered: DELETING
+            await wait_for(lambda: _gone(h, x), what="wipe finished, BMI gone")
+            await wait_for(lambda: _observed_is_gone(watcher, x), what="the DELETED event seen")
+            transport.release.set()
 
-        result = await asyncio.wait_for(gone, 20)
-        assert result.bmi_id == x
-        assert watcher.observed(x) is GONE
-    finally:
-        transport.release.set()
-        await _cancel(gone)
-        await watcher.stop()
-        await client.aclose()
+            result = await asyncio.wait_for(gone, 20)
+            assert result.bmi_id == x
+            assert watcher.observed(x) is GONE
+        finally:
+            await _cancel(gone)
 
 
 # -- a host that runs without a MAC --------------------------------------------------------------------
@@ -318,6 +309,23 @@ async def _known_again(watcher: BmiWatcher, bmi_id: str, seeds_before: int) -> b
 def _state_of(watcher: BmiWatcher, bmi_id: str) -> BmiState | None:
     obs = watcher.observed(bmi_id)
     return obs.state if isinstance(obs, BmiSnapshot) else None
+
+
+@contextlib.asynccontextmanager
+async def _holding_watcher(
+    h: Harness, bmi_id: str
+) -> AsyncIterator[tuple[HoldingTransport, BmaasClient, BmiWatcher]]:
+    """A watcher of its own whose GETs of `bmi_id` are held on their way back until
+    `transport.release` is set (always, on the way out)."""
+    transport = HoldingTransport(f"{LIST_PATH}/{bmi_id}")
+    client = BmaasClient(h.twin.url, h.token_file, timeout=30.0, transport=transport)
+    watcher = BmiWatcher(client, poll_initial=0.1, poll_max=0.5, reconnect_initial=0.05, reconnect_max=0.3)
+    try:
+        yield transport, client, watcher
+    finally:
+        transport.release.set()
+        await watcher.stop()
+        await client.aclose()
 
 
 async def _cancel(task: asyncio.Future[Any] | None) -> None:
