@@ -20,7 +20,6 @@ import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Any, TypeVar
 
 import httpx
@@ -119,14 +118,6 @@ DOCKERCONFIG_SECRET_TYPE = "kubernetes.io/dockerconfigjson"
 WORKER_ANNOTATION = "osac.openshift.io/worker"
 MAX_ADOPT_ATTEMPTS = 5
 INVENTORY_GRACE = timedelta(minutes=2)
-
-
-class _Release(StrEnum):
-    """What release_agent did with the Agent it was named."""
-
-    DELETED = "deleted"
-    KEPT = "kept"
-    HANDED = "handed"
 
 
 # A condition reason as Kubernetes shapes them (metav1.Condition): a CamelCase token, bounded.
@@ -1163,12 +1154,7 @@ class AssistedActivities:
         because its host was given to this slot behind the other's back."""
         result = ReleasedAgents()
         if input.agent is not None:
-            outcome = await self._release_named(input.agent, input.worker)
-            {
-                _Release.DELETED: result.deleted,
-                _Release.KEPT: result.kept,
-                _Release.HANDED: result.handed,
-            }[outcome].append(input.agent.name)
+            (await self._release_named(input.agent, input.worker, result)).append(input.agent.name)
         if input.find_handed and input.worker is not None:
             listing = await self._kube.list_current(
                 AGENTS, input.infraenv.namespace, label_selector=f"{INFRAENV_LABEL}={input.infraenv.name}"
@@ -1188,30 +1174,31 @@ class AssistedActivities:
             result.handed += [name for name in stale.handed if name not in result.handed]
         return result
 
-    async def _release_named(self, ref: AgentRef, worker: str | None) -> _Release:
-        """Without `worker` (an unbind, which knows the Agent is its own) the Agent is deleted.
-        With it, the decision is taken on a fresh read and the delete is conditional on that
-        version: an Agent handed to another slot meanwhile is not deleted on a stale look."""
+    async def _release_named(self, ref: AgentRef, worker: str | None, result: ReleasedAgents) -> list[str]:
+        """Which of `result`'s lists the Agent belongs in, once dealt with. Without `worker` (an
+        unbind, which knows the Agent is its own) the Agent is deleted. With it, the decision is
+        taken on a fresh read and the delete is conditional on that version: an Agent handed to
+        another slot meanwhile is not deleted on a stale look."""
         if worker is None:
             await self.delete_agent(ref)
-            return _Release.DELETED
+            return result.deleted
         for attempt in range(MAX_CONFLICT_RETRIES):
             current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
             if current is None:
-                return _Release.DELETED  # gone already: NotFound counts as success
+                return result.deleted  # gone already: NotFound counts as success
             if handed_elsewhere(current, worker):
-                return _Release.KEPT
+                return result.kept
             if handed_to(current, worker):
-                return _Release.HANDED
+                return result.handed
             if agent_claimed(current):
-                return _Release.KEPT  # in a cluster, but not through this worker's hand-off
+                return result.kept  # in a cluster, but not through this worker's hand-off
             uid, version = meta(current).get("uid"), meta(current).get("resourceVersion")
             try:
                 await self._kube.delete(AGENTS, ref.namespace, ref.name, uid=uid, resource_version=version)
             except HubConflict:
                 await asyncio.sleep(conflict_backoff(attempt))
                 continue
-            return _Release.DELETED
+            return result.deleted
         raise still_conflicting(
             AGENTS.kind, ref.namespace, ref.name, f"Agent {ref.namespace}/{ref.name}", MAX_CONFLICT_RETRIES
         )

@@ -59,9 +59,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from activities.bmaas.activities import order_filter
+from activities.bmaas.activities import order_snapshots
 from activities.bmaas.client import BmaasClient
-from activities.bmaas.snapshot import BmiSnapshot
 from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus
@@ -453,7 +452,7 @@ class ClusterOrderController:
             ref.key,
             ", ".join(f"{n.name}={n.count}" for n in desired) or "none",
         )
-        await self._accepted(ref, None, desired, generation(obj))
+        await self._accepted(ref, after, desired, generation(obj))
         return None
 
     async def _apply(
@@ -648,8 +647,7 @@ class ClusterOrderController:
 
     async def _order_bmis(self, ref: OrderRef) -> list[str]:
         """The BMIs BMaaS lists for the order, any state (DELETING: not wiped yet)."""
-        items = await self._bmaas.list_instances(order_filter(ref.name))
-        return sorted(s.name or s.id for s in map(BmiSnapshot.from_api, items) if s.belongs_to(ref))
+        return sorted(s.name or s.id for s in await order_snapshots(self._bmaas, ref))
 
     def _await_finished(self, key: str, ref: OrderRef) -> None:
         """Look at the key again the moment its workflow completes (the poll is only a fallback)."""

@@ -825,11 +825,15 @@ class ClusterWorkersWorkflow:
         outside; it is started again to release what its stopped run held (and, for a lost host,
         to come back on a new one)."""
         handle = workflow.get_external_workflow_handle(self._child_id(slot))
-        try:
+
+        async def tell() -> None:
             if lost is None:
                 await handle.signal(WorkerNodeWorkflow.scale_down)
             else:
                 await handle.signal(WorkerNodeWorkflow.host_lost, lost)
+
+        try:
+            await tell()
             return
         except ApplicationError as err:
             # Only a live slot's worker is started again; a deleted one's ended as it should.
@@ -846,10 +850,7 @@ class ClusterWorkersWorkflow:
         except WorkflowAlreadyStartedError:
             pass  # another call (the host check, a scale-down) started it a moment ago: tell that run
         try:
-            if lost is None:
-                await handle.signal(WorkerNodeWorkflow.scale_down)
-            else:
-                await handle.signal(WorkerNodeWorkflow.host_lost, lost)
+            await tell()
         except ApplicationError as err:
             workflow.logger.warning("could not tell the restarted worker %s: %s", slot.spec.name, err)
 

@@ -53,7 +53,6 @@ from contracts.bmaas import (
     WaitInstanceGoneInput,
     WaitInstanceRunningInput,
     WaitProgress,
-    WorkerInstance,
 )
 from contracts.refs import OrderRef
 
@@ -85,6 +84,12 @@ def order_filter(order_name: str) -> str:
         f"this.metadata.tenant == {cel_string(SYSTEM_TENANT)} && "
         f"{label} in this.metadata.labels && this.metadata.labels[{label}] == {cel_string(order_name)}"
     )
+
+
+async def order_snapshots(client: BmaasClient, order: OrderRef) -> list[BmiSnapshot]:
+    """Every BMI of an order, any state (DELETING included: not wiped yet), from one list."""
+    items = await client.list_instances(order_filter(order.name))
+    return [s for s in map(BmiSnapshot.from_api, items) if s.belongs_to(order)]
 
 
 class BmaasActivities:
@@ -439,9 +444,7 @@ class BmaasActivities:
     @delivers_reports
     async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
         """Every BMI of an order (any state, DELETING included), sorted by name."""
-        items = await self.client.list_instances(order_filter(req.order.name))
-        snapshots = [BmiSnapshot.from_api(item) for item in items]
-        instances: list[WorkerInstance] = [s.worker_instance() for s in snapshots if s.belongs_to(req.order)]
+        instances = [s.worker_instance() for s in await order_snapshots(self.client, req.order)]
         return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
 
     @activity.defn
