@@ -32,10 +32,13 @@ from activities.hub import (
     MAX_CONFLICT_RETRIES,
     agent_claimed,
     annotate_machine,
+    awaits_claim,
     conflict_backoff,
     error,
+    label_query,
     nodepool_selector,
     read_order_object,
+    removal_pending,
     still_conflicting,
     sync_replicas,
     write_order_event,
@@ -97,6 +100,7 @@ from contracts.hub import (
     InfraEnvProgress,
     InfraEnvReady,
     InfraEnvRef,
+    InstallHold,
     MarkRemovingResult,
     NodePoolRef,
     ReleaseAgentInput,
@@ -213,7 +217,10 @@ def agent_state(agent: KubeObject) -> str | None:
 
 
 def agent_progress(
-    ref: AgentRef, agent: KubeObject | None, informer: Informer | None = None
+    ref: AgentRef,
+    agent: KubeObject | None,
+    informer: Informer | None = None,
+    hold: InstallHold | None = None,
 ) -> AgentProgress:
     via = informer.observed_via if informer is not None else "read"
     if agent is None:
@@ -226,7 +233,20 @@ def agent_progress(
         bound=condition_true(agent, "Bound"),
         installed=condition_true(agent, "Installed"),
         observed_via=via,
+        **(hold.model_dump() if hold is not None else {}),
     )
+
+
+def _previous_install_deadline() -> datetime | None:
+    """The deadline an earlier attempt of wait_agent_installed moved (from its heartbeats)."""
+    for detail in reversed(activity.info().heartbeat_details or ()):
+        try:
+            moved = InstallHold.model_validate(detail).deadline_moved_to
+        except (ValueError, TypeError):
+            continue
+        if moved is not None:
+            return moved
+    return None
 
 
 def owner_reference(order: KubeObject, *, controller: bool = True) -> dict[str, Any]:
@@ -1001,9 +1021,10 @@ class AssistedActivities:
         evaluate: Callable[[KubeObject | None], T | None],
         *,
         deadline: datetime | None,
+        hold: InstallHold | None = None,
     ) -> T:
         """Wait on the shared Agent informer (fresh read first, see HubKube.wait_object),
-        heartbeating the Agent's state and stage."""
+        heartbeating the Agent's state and stage (and what holds it back, see wait_agent_installed)."""
         informer = self._kube.informer(AGENTS)
         every = tick_seconds(self._heartbeat_every)
         beat = Heartbeat(every)
@@ -1013,7 +1034,7 @@ class AssistedActivities:
             ref.name,
             evaluate,
             deadline=deadline,
-            on_tick=lambda agent: beat(lambda: agent_progress(ref, agent, informer)),
+            on_tick=lambda agent: beat(lambda: agent_progress(ref, agent, informer, hold)),
             tick_seconds=every,
         )
 
@@ -1039,14 +1060,61 @@ class AssistedActivities:
                 )
             return None
 
-        try:
-            result = await self._wait_agent(ref, evaluate, deadline=input.deadline)
-        except WaitTimedOut:
-            raise self._install_failed(
-                ref, "the install did not finish by the deadline", last, timeout=True
-            ) from None
+        hold = InstallHold(deadline_moved_to=_previous_install_deadline())
+        while True:
+            deadline = max(input.deadline, hold.deadline_moved_to or input.deadline)
+            wake = deadline
+            if hold.held_back_by and input.timeout is not None:
+                # Looked at again every tenth of the window: once the hold ends, the Agent has
+                # (almost) a whole window for its claim and install.
+                wake = min(deadline, datetime.now(UTC) + input.timeout / 10)
+            try:
+                result = await self._wait_agent(ref, evaluate, deadline=wake, hold=hold)
+                break
+            except WaitTimedOut:
+                pass
+            holding = await self._removals_holding_back(input)
+            if holding and input.timeout is not None:
+                if holding != hold.held_back_by:
+                    activity.logger.warning(
+                        "Agent %s/%s waits for its claim past its deadline: the removal of %s holds "
+                        "its NodePool back",
+                        ref.namespace,
+                        ref.name,
+                        ", ".join(holding),
+                    )
+                hold.held_back_by = holding
+                hold.deadline_moved_to = datetime.now(UTC) + input.timeout
+                activity.heartbeat(hold.model_dump(mode="json"))
+            elif datetime.now(UTC) >= deadline:
+                raise self._install_failed(
+                    ref, "the install did not finish by the deadline", last, timeout=True
+                ) from None
+            else:
+                hold.held_back_by = []
         activity.logger.info("Agent %s/%s installed", ref.namespace, ref.name)
         return result
+
+    async def _removals_holding_back(self, input: WaitAgentInstalledInput) -> list[str]:
+        """The Agents marked for removal whose Machines keep this Agent from its claim: while one
+        holds its Machine, replica syncs count only claimed Agents (sync_replicas_now), so a newcomer
+        fit for a claim waits for the removal (a drain with no timeout can hang it for ever), and
+        failing it would only wipe its host and queue another behind the same removal. [] when the
+        Agent is claimed, not fit for a claim, or nothing is being removed."""
+        if input.nodepool is None:
+            return []
+        nodepool = await self._kube.get_optional(NODE_POOLS, input.nodepool.namespace, input.nodepool.name)
+        agent = await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
+        labels = dig(nodepool or {}, "spec", "platform", "agent", "agentLabelSelector", "matchLabels")
+        if agent is None or not isinstance(labels, dict) or not labels:
+            return []  # an Agent gone, or a NodePool gone or broken, fails as it would have
+        selector = {str(k): str(v) for k, v in labels.items()}
+        if not awaits_claim(agent, selector):
+            return []
+        listing = await self._kube.list_current(
+            AGENTS, input.nodepool.agent_namespace, label_selector=label_query(selector)
+        )
+        return sorted(str(meta(a).get("name")) for a in listing.items if removal_pending(a, selector))
 
     @staticmethod
     def _install_failed(

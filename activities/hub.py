@@ -318,6 +318,16 @@ def agent_claimed(agent: KubeObject) -> bool:
     )
 
 
+def awaits_claim(agent: KubeObject, selector: dict[str, str]) -> bool:
+    """Handed to the NodePool and fit for the provider's claim (osac-reference §5), not claimed yet."""
+    return (
+        counts_toward(agent, selector)
+        and not agent_claimed(agent)
+        and condition_true(agent, "Validated")
+        and condition_true(agent, "Connected")
+    )
+
+
 def removal_pending(agent: KubeObject, selector: dict[str, str]) -> bool:
     """An Agent of this NodePool marked for removal whose Machine the provider still holds."""
     labels = labels_of(agent)
@@ -326,6 +336,11 @@ def removal_pending(agent: KubeObject, selector: dict[str, str]) -> bool:
         and all(labels.get(k) == v for k, v in selector.items())
         and agent_claimed(agent)
     )
+
+
+def label_query(selector: dict[str, str]) -> str:
+    """A matchLabels selector as a list's `labelSelector`."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
 
 
 def nodepool_selector(nodepool: KubeObject) -> dict[str, str]:
@@ -402,9 +417,7 @@ async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync
         selector = nodepool_selector(obj)
         resource_version = meta(obj).get("resourceVersion")
         listing = await kube.list_current(
-            AGENTS,
-            nodepool.agent_namespace,
-            label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+            AGENTS, nodepool.agent_namespace, label_selector=label_query(selector)
         )
         handed = [a for a in listing.items if counts_toward(a, selector)]
         leaving = sorted(str(meta(a).get("name")) for a in listing.items if removal_pending(a, selector))

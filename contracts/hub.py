@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -528,6 +528,11 @@ class WaitAgentInstalledInput(CarriesReport):
 
     agent: AgentRef
     deadline: datetime
+    # The NodePool the Agent was handed to, and the install's window. With both, an Agent still
+    # waiting for its claim at the deadline only because a removal holds the NodePool's count back
+    # (a drain that hangs) is not failed: its window starts again once the removal is done.
+    nodepool: NodePoolRef | None = None
+    timeout: timedelta | None = Field(default=None, gt=timedelta(0))
 
     @field_validator("deadline")
     @classmethod
@@ -535,7 +540,15 @@ class WaitAgentInstalledInput(CarriesReport):
         return _aware(value)
 
 
-class AgentProgress(BaseModel):
+class InstallHold(BaseModel):
+    """Past its deadline, the removals that keep an Agent from its claim, and the deadline the
+    install wait moved to because of them (kept in heartbeats, so a retried attempt keeps it)."""
+
+    held_back_by: list[str] = Field(default_factory=list)
+    deadline_moved_to: datetime | None = None
+
+
+class AgentProgress(InstallHold):
     """Heartbeat details of the Agent waits: state and stage, nothing secret."""
 
     agent: str

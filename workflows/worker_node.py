@@ -310,7 +310,10 @@ class WorkerNodeWorkflow:
             await self._hub(
                 HubActivity.WAIT_AGENT_INSTALLED,
                 WaitAgentInstalledInput(
-                    agent=agent, deadline=self._deadline(self._policy().agent_install_timeout)
+                    agent=agent,
+                    deadline=self._deadline(self._policy().agent_install_timeout),
+                    nodepool=self._nodepool_ref(),
+                    timeout=self._policy().agent_install_timeout,
                 ),
                 None,
                 summary=f"Wait until {slot.name} is claimed, installed and joined",

@@ -4,6 +4,7 @@ to pin exact situations: MAC correlation, hand-off labels, level-based replicas,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -646,6 +647,89 @@ async def test_wait_agent_installed_reports_failures_and_deadline(api, api_assis
             WaitAgentInstalledInput(agent=AgentRef(namespace=api.ns, name="host-b"), deadline=deadline(0.5)),
         )
     assert late.value.type == HubErrorType.AGENT_INSTALL_FAILED and late.value.details[0]["timeout"] is True
+
+
+def fit_for_claim(api, name: str) -> None:
+    """Validated and connected: with approval and the selector's labels, the provider may claim it."""
+    conditions = [{"type": kind, "status": "True", "reason": kind} for kind in ("Validated", "Connected")] + [
+        {"type": "Bound", "status": "False", "reason": "Unbound"}
+    ]
+    api.patch("Agent", name, {"status": {"conditions": conditions}}, status=True)
+
+
+async def held_back(run, wait: asyncio.Task, *, by: list[str]) -> None:
+    """Until the wait's heartbeats say it is past its deadline, held back by the removal of `by`."""
+    async with asyncio.timeout(30):
+        while not any(beat and beat[0].get("held_back_by") == by for beat in run.heartbeats):
+            run.beat.clear()
+            beat = asyncio.ensure_future(run.beat.wait())
+            await asyncio.wait({beat, wait}, return_when=asyncio.FIRST_COMPLETED)
+            beat.cancel()
+            assert not wait.done(), f"the wait ended before it was held back: {wait.exception()!r}"
+
+
+async def test_an_agent_held_back_by_a_hanging_removal_outlives_its_install_deadline(api, api_assisted, kit):
+    """While a leaving Agent's Machine is held (a drain with no timeout, a PodDisruptionBudget),
+    replica syncs count only claimed Agents, so a newcomer fit for its claim is not claimed.
+    Failing it at its install deadline would wipe its host and queue another behind the same
+    removal, about once an hour for as long as the drain hangs. It waits instead, saying what
+    holds it, and has a whole window once the removal is done (kept by a retried attempt)."""
+    api.nodepool("np", SELECTOR)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    api.agent("leaving", kit.random_macs(), labels=SELECTOR, approved=True)
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": "m-leaving"}}})
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"osac.openshift.io/removing": "true"}}})
+    for name in ("newcomer", "late"):
+        api.agent(name, kit.random_macs(), labels=SELECTOR, approved=True)
+        fit_for_claim(api, name)
+
+    def wait_input(name: str) -> WaitAgentInstalledInput:
+        return WaitAgentInstalledInput(
+            agent=AgentRef(namespace=api.ns, name=name),
+            deadline=deadline(0.2),
+            nodepool=pool,
+            timeout=timedelta(seconds=3),
+        )
+
+    run = kit.run()
+    newcomer = run.start(api_assisted.wait_agent_installed, wait_input("newcomer"))
+    await held_back(run, newcomer, by=["leaving"])
+    # The removal is done, the provider claims the newcomer and it installs.
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": None}}})
+    claim(api, "newcomer")
+    installed = await asyncio.wait_for(newcomer, 30)
+    assert installed.agent.name == "newcomer"
+
+    # Held again; once the removal is done, an Agent never claimed fails a window later.
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": "m-leaving"}}})
+    run = kit.run()
+    late_input = wait_input("late")
+    late = run.start(api_assisted.wait_agent_installed, late_input)
+    await held_back(run, late, by=["leaving"])
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": None}}})
+    # A retried attempt (the worker restarted) keeps the deadline the hold moved.
+    retried = kit.run()
+    retried.env.info = dataclasses.replace(retried.env.info, heartbeat_details=run.heartbeats[-1])
+    late.cancel()
+    again = retried.start(api_assisted.wait_agent_installed, late_input)  # its deadline has passed
+    beat = asyncio.ensure_future(retried.first_heartbeat())
+    await asyncio.wait({beat, again}, return_when=asyncio.FIRST_COMPLETED)
+    assert not again.done(), "the retried attempt failed at once: it lost the moved deadline"
+    beat.cancel()
+    with pytest.raises(ApplicationError) as failed:
+        await asyncio.wait_for(again, 30)
+    assert failed.value.type == HubErrorType.AGENT_INSTALL_FAILED and failed.value.details[0]["timeout"]
+
+    # Without the NodePool (workers started before this), the deadline is the deadline.
+    api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": "m-leaving"}}})
+    api.agent("older", kit.random_macs(), labels=SELECTOR, approved=True)
+    fit_for_claim(api, "older")
+    with pytest.raises(ApplicationError) as older:
+        await kit.run()(
+            api_assisted.wait_agent_installed,
+            WaitAgentInstalledInput(agent=AgentRef(namespace=api.ns, name="older"), deadline=deadline(0.2)),
+        )
+    assert older.value.type == HubErrorType.AGENT_INSTALL_FAILED
 
 
 async def test_hand_off_refuses_an_agent_whose_mac_appeared_twice(api, api_assisted, kit):

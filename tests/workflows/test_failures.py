@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.hub import WaitAndHandAgentInput
+from contracts.hub import WaitAgentInstalledInput, WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
@@ -219,6 +219,21 @@ async def test_install_error_releases_agent_and_host_then_retries(stack: Stack) 
         order = await stack.create_order({"bm-standard": 1})
         await stack.apply(order, {"bm-standard": 1})
         await _failed_with(stack, order, FailureReason.AGENT_INSTALL_FAILED)
+        # The install wait knows its NodePool and window, so that a newcomer held back by a hanging
+        # removal is not failed at its deadline (tests/activities_hub: the hold itself).
+        handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+        scheduled = next(
+            e.activity_task_scheduled_event_attributes
+            for e in (await handle.fetch_history()).events
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name
+            == HubActivity.WAIT_AGENT_INSTALLED
+        )
+        (request,) = pydantic_data_converter.payload_converter.from_payloads(
+            list(scheduled.input.payloads), [WaitAgentInstalledInput]
+        )
+        assert request.timeout == timedelta(seconds=30)
+        assert request.nodepool is not None and request.nodepool.agent_namespace == order.namespace
     finally:
         await stack.clear_agent_faults()
     await stack.wait_ready(order, 1)
