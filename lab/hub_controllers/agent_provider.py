@@ -12,7 +12,9 @@ NodePool's namespace):
   Machine gets `spec.providerID: agent://<agent>`.
 - scale down: victims are Machines annotated `cluster.x-k8s.io/delete-machine` first, then Machines
   without a joined node, then random (seeded); each victim's Agent is unbound (label, annotation and
-  `clusterDeploymentName` removed, never deleted) and the Machine deleted.
+  `clusterDeploymentName` removed, never deleted) and the Machine deleted. A victim hit by the
+  `hanging_drain` fault is drained for as long as the fault stays armed: its Machine stays, in phase
+  Deleting and still counted (CAPI counts a deleting Machine until it is gone), its Agent claimed.
 - an Agent that is deleted (or stops being claimed) takes its Machine with it; CAPI then creates a
   replacement if replicas still ask for it. A claimed Agent whose Machine vanished is released.
 - `status.replicas` counts claimed Agents that reached `added-to-existing-cluster` (HyperShift
@@ -45,6 +47,7 @@ from lab.hub_controllers.constants import (
     NodePoolConditionType,
 )
 from lab.hub_controllers.events import EventRecorder
+from lab.hub_controllers.faults import FaultBook, FaultKind
 from lab.hub_controllers.informer import Informer
 from lab.hub_controllers.kube import ApiError, KubeApi, Obj, WatchEventType, key_of, split_key
 from lab.hub_controllers.registration import host_state_of
@@ -128,11 +131,14 @@ class NodePoolController(Controller):
         machines: Informer,
         *,
         events: EventRecorder,
+        faults: FaultBook | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
         self._api, self._node_pools, self._agents, self._machines = api, node_pools, agents, machines
         self._events = events
+        self._faults = faults
+        self._draining: set[str] = set()  # Machines whose drain hangs (the `hanging_drain` fault)
         self._rng = random.Random(seed)
         self._creating: dict[
             str, tuple[str, float]
@@ -216,12 +222,28 @@ class NodePoolController(Controller):
                 desired = 0  # not an agent NodePool (or misconfigured): never touch Agents for it
 
         pending_creates = [k for k, (pool, _) in self._creating.items() if pool == key]
-        count = len(live) + len(pending_creates)
 
-        # 3. Scale down.
+        # 3. Scale down. A victim whose drain hangs stays, counted, until the fault is cleared; a
+        # deletion once begun is never undone, whatever the replicas say meanwhile.
+        hanging = bool(self._faults and self._faults.config.hanging_drain.armed)
+        for machine in [m for m in live if key_of(m) in self._draining]:
+            if hanging:
+                retry = 1.0  # looked at again: the drain ends once the fault is cleared
+                continue
+            await self._release(machine, agents.get(self._agent_name(machine) or ""))
+            await self._delete_machine(machine, now)
+            live.remove(machine)
+        count = len(live) + len(pending_creates)
         if count > desired:
             for machine in self._victims(live, count - desired, agents):
-                await self._release(machine, agents.get(self._agent_name(machine) or ""))
+                if key_of(machine) in self._draining:
+                    continue
+                agent = agents.get(self._agent_name(machine) or "")
+                if hanging and self._drain_hangs(machine, agent):
+                    self._draining.add(key_of(machine))
+                    retry = 1.0
+                    continue
+                await self._release(machine, agent)
                 await self._delete_machine(machine, now)
                 live.remove(machine)
         # 4. Scale up.
@@ -282,6 +304,14 @@ class NodePoolController(Controller):
             del self._claimed[k]
         self._claims_to_check.clear()
 
+    def _drain_hangs(self, machine: Obj, agent: Obj | None) -> bool:
+        """Whether this victim's drain gets stuck (the `hanging_drain` fault, drawn once)."""
+        if self._faults is None or agent is None:
+            return False
+        interfaces = (agent.get("status", {}).get("inventory") or {}).get("interfaces") or []
+        macs = [str(i.get("macAddress") or "") for i in interfaces]
+        return self._faults.decide(FaultKind.HANGING_DRAIN, _name(agent), macs)
+
     def _agent_name(self, machine: Obj) -> str | None:
         return _provider_agent(machine) or self._claimed.get(key_of(machine))
 
@@ -290,16 +320,20 @@ class NodePoolController(Controller):
             agent = agents.get(self._agent_name(machine) or "")
             return agent is not None and host_state_of(agent) is HostState.ADDED_TO_EXISTING_CLUSTER
 
+        deleting = sorted((m for m in live if key_of(m) in self._draining), key=_name)
         marked = [
-            m for m in live if Annotation.DELETE_MACHINE.value in (m["metadata"].get("annotations") or {})
+            m
+            for m in live
+            if Annotation.DELETE_MACHINE.value in (m["metadata"].get("annotations") or {})
+            and m not in deleting
         ]
-        rest = [m for m in live if m not in marked]
+        rest = [m for m in live if m not in marked and m not in deleting]
         unhealthy = [m for m in rest if not joined(m)]
         healthy = [m for m in rest if joined(m)]
         for group in (marked, unhealthy, healthy):
             group.sort(key=_name)
             self._rng.shuffle(group)
-        return (marked + unhealthy + healthy)[:count]
+        return (deleting + marked + unhealthy + healthy)[:count]
 
     # -- writes ----------------------------------------------------------------------------------
     async def _create_machine(self, node_pool: Obj, now: float) -> None:
@@ -332,6 +366,7 @@ class NodePoolController(Controller):
         await self._api.delete(MACHINES, m.get("namespace"), m["name"], uid=m.get("uid"))
         self._deleted[key_of(machine)] = now
         self._claimed.pop(key_of(machine), None)
+        self._draining.discard(key_of(machine))
 
     async def _adopt(self, machine: Obj, by_machine_ref: dict[str, Obj]) -> str | None:
         """An Agent already claimed for this Machine (we stopped between claim and providerID)."""
@@ -468,7 +503,9 @@ class NodePoolController(Controller):
 
     async def _write_machine_status(self, machine: Obj, agent: Obj | None) -> None:
         status: dict[str, Any] = {"phase": MachinePhase.PENDING.value}
-        if agent is not None:
+        if key_of(machine) in self._draining:
+            status["phase"] = MachinePhase.DELETING.value
+        elif agent is not None:
             joined = host_state_of(agent) is HostState.ADDED_TO_EXISTING_CLUSTER
             status["phase"] = (MachinePhase.RUNNING if joined else MachinePhase.PROVISIONING).value
             if joined:

@@ -89,6 +89,7 @@ class HubControllers:
                 informers.get(AGENTS),
                 informers.get(MACHINES),
                 events=capi_events,
+                faults=self.faults,
                 seed=self._seed,
             ),
             ClusterOrderController(

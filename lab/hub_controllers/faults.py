@@ -69,6 +69,9 @@ class AgentFaults(BaseModel):
     # The host reports one more interface than its BMI's NICs, with a MAC no BMI has (a BMC's USB
     # NIC): benign, but only BMaaS can tell, so the orchestrator must ask before binding it.
     extra_nic: FaultTarget = Field(default_factory=FaultTarget)
+    # A scale-down victim's drain never ends (a PodDisruptionBudget, `nodeDrainTimeout` 0): its
+    # Machine stays, Deleting, and its Agent claimed, for as long as this fault stays armed.
+    hanging_drain: FaultTarget = Field(default_factory=FaultTarget)
 
 
 class FaultKind(StrEnum):
@@ -78,6 +81,7 @@ class FaultKind(StrEnum):
     INSTALLING_PENDING_USER_ACTION = "installing_pending_user_action"
     DUPLICATE_MAC = "duplicate_mac"
     EXTRA_NIC = "extra_nic"
+    HANGING_DRAIN = "hanging_drain"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.hub import WaitAgentInstalledInput, WaitAndHandAgentInput
+from contracts.hub import WORKER_LABEL, WaitAgentInstalledInput, WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
@@ -447,4 +447,60 @@ async def test_a_failed_attempts_reason_is_shown_again_once_its_slow_wipe_ends(s
         (await stack.bmaas_http.patch("/lab/v1/timings", json=restored)).raise_for_status()
     worker = (await stack.wait_ready(order, 1)).workers[0]
     assert worker.last_failure_reason == FailureReason.BMI_PROVISIONING_FAILED
+    await _clean_decommission(stack, order)
+
+
+async def test_a_hanging_drain_holds_a_newcomer_back_without_failing_it(stack: Stack) -> None:
+    """A leaving worker whose drain hangs shows AgentUnbindingTimeout and keeps waiting. The
+    replicas count only claimed Agents meanwhile (so CAPI removes its Machine rather than the two
+    cancelling out), and a newcomer cannot be claimed: it is not failed at its install deadline
+    (that would wipe its host and queue another behind the same drain) but waits, naming the
+    removal in its heartbeat, and joins once the drain ends."""
+    api = stack.with_policy(
+        agent_install_timeout=timedelta(seconds=6),
+        agent_unbinding_timeout=timedelta(seconds=4),
+        wait_heartbeat_timeout=timedelta(seconds=3),
+    )
+    order = await stack.create_order({"bm-standard": 2})
+    await stack.apply(order, {"bm-standard": 2}, api)
+    await stack.wait_ready(order, 2)
+    leaving, newcomer = order.worker_name(0), order.worker_name(2)
+    (agent,) = [
+        a["metadata"]["name"]
+        for a in await stack.agents(order.namespace)
+        if a["metadata"]["labels"].get(WORKER_LABEL) == leaving
+    ]
+    await stack.set_agent_faults({"hanging_drain": {"agents": [agent]}})
+    try:
+        await api.scale_down_worker(order, leaving)
+        await stack.apply(order, {"bm-standard": 2}, api)
+
+        async def unbinding_timed_out() -> bool:
+            worker = next((w for w in (await api.status(order)).workers if w.name == leaving), None)
+            return worker is not None and worker.last_failure_reason == FailureReason.AGENT_UNBINDING_TIMEOUT
+
+        await eventually(unbinding_timed_out, f"{leaving} showing AgentUnbindingTimeout")
+        handle = stack.client.get_workflow_handle(worker_workflow_id(order, newcomer))
+
+        async def held_back() -> bool:
+            for pending in (await handle.describe()).raw_description.pending_activities:
+                if pending.activity_type.name != HubActivity.WAIT_AGENT_INSTALLED.value:
+                    continue
+                payloads = list(pending.heartbeat_details.payloads)
+                details = (
+                    pydantic_data_converter.payload_converter.from_payloads(payloads) if payloads else []
+                )
+                return any(isinstance(d, dict) and d.get("held_back_by") == [agent] for d in details)
+            return False
+
+        await eventually(held_back, f"{newcomer} held back by the removal of {agent}, past its deadline")
+        worker = next(w for w in (await api.status(order)).workers if w.name == newcomer)
+        assert worker.phase == WorkerPhase.BINDING and worker.attempt_count == 1
+        assert worker.last_failure_reason is None
+    finally:
+        await stack.clear_agent_faults()
+    status = await stack.wait_ready(order, 2)
+    assert {w.name for w in status.workers} == {order.worker_name(1), newcomer}
+    joined = next(w for w in status.workers if w.name == newcomer)
+    assert joined.attempt_count == 1 and joined.last_failure_reason is None
     await _clean_decommission(stack, order)

@@ -6,6 +6,7 @@ from typing import Any
 
 from lab.hub_controllers.agent_provider import NodePoolController
 from lab.hub_controllers.constants import HostState
+from lab.hub_controllers.faults import AgentFaults, FaultTarget
 from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
 from lab.hub_controllers.testing import (
     Lab,
@@ -216,3 +217,50 @@ def test_a_stale_copy_of_an_agent_claimed_meanwhile_is_not_taken(lab: Lab, ns: s
     assert _claim_from(lab, ns, stale) is None
     agent = lab.client.get(AGENTS, ns, "host-s2")
     assert agent is not None and agent["metadata"]["labels"][MACHINE_REF] == "someone-else"
+
+
+def test_a_hanging_drain_keeps_its_machine_deleting_and_counted_until_it_ends(lab: Lab, ns: str) -> None:
+    """A drain that never ends (a PodDisruptionBudget, `nodeDrainTimeout` 0): the victim's Machine
+    stays, Deleting, its Agent claimed. CAPI counts a deleting Machine until it is gone, so raising
+    the replicas again neither undoes the deletion nor adds a Machine beside it; once the drain ends
+    the Machine goes and a new one claims the waiting host."""
+    _boot_hosts(lab, ns, ["host-h1", "host-h2", "host-h3"])
+    _node_pool(lab, ns, replicas=2)
+    claimed = wait_until(lambda: len(_claimed(lab, ns)) == 2 and _claimed(lab, ns), "two claims")
+    (victim, victim_machine), _ = sorted(claimed.items())
+    (waiting,) = {"host-h1", "host-h2", "host-h3"} - set(claimed)
+    lab.set_faults(AgentFaults(hanging_drain=FaultTarget(agents=[victim])))
+    try:
+        lab.client.patch(
+            MACHINES,
+            ns,
+            victim_machine,
+            {"metadata": {"annotations": {"cluster.x-k8s.io/delete-machine": "y"}}},
+        )
+        _scale(lab, ns, 1)
+        wait_until(
+            lambda: (
+                ((lab.client.get(MACHINES, ns, victim_machine) or {}).get("status") or {}).get("phase")
+                == "Deleting"
+            ),
+            "the victim's Machine deleting",
+        )
+        assert _claimed(lab, ns)[victim] == victim_machine
+        wait_until(lambda: _pool_ready(lab, ns) == "False", "a reconcile at 1 replica (2 of 1 available)")
+
+        _scale(lab, ns, 2)
+        wait_until(lambda: _pool_ready(lab, ns) == "True", "a reconcile at 2 replicas")
+        assert len(_machines(lab, ns)) == 2 and waiting not in _claimed(lab, ns)
+        assert lab.client.get(MACHINES, ns, victim_machine)["status"]["phase"] == "Deleting"
+    finally:
+        lab.reset_faults()
+    wait_until(lambda: lab.client.get(MACHINES, ns, victim_machine) is None, "the drained Machine to go")
+    wait_state(lab.client, ns, victim, HostState.UNBINDING_PENDING_USER_ACTION)
+    wait_state(lab.client, ns, waiting, HostState.ADDED_TO_EXISTING_CLUSTER)
+    assert set(_claimed(lab, ns)) == {"host-h1", "host-h2", "host-h3"} - {victim}
+
+
+def _pool_ready(lab: Lab, ns: str) -> str | None:
+    """The status of the NodePool's Ready condition as the provider last wrote it."""
+    status = (lab.client.get(NODE_POOLS, ns, "np1") or {}).get("status") or {}
+    return next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
