@@ -55,6 +55,7 @@ def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 
 
 FIRST_START_ATTEMPTS = 3
+CONNECT_TIMEOUT_S = 2.0
 
 
 class TemporalDevServer:
@@ -122,9 +123,11 @@ class TemporalDevServer:
                 code = self.proc.returncode
                 raise RuntimeError(f"the Temporal dev server exited ({code}); see {self.log_file}")
             try:
-                await Client.connect(self.address)  # answers get_system_info, so it serves
+                # Answers get_system_info, so it serves. Bounded: whatever else holds the port (the
+                # start lost it) may accept the connection and never answer.
+                await asyncio.wait_for(Client.connect(self.address), CONNECT_TIMEOUT_S)
                 return
-            except (RuntimeError, RPCError) as err:
+            except (RuntimeError, RPCError, TimeoutError) as err:
                 last = err
             await asyncio.sleep(0.5)
         raise RuntimeError(f"the Temporal dev server did not serve within {timeout}s: {last}")
