@@ -237,16 +237,15 @@ def agent_progress(
     )
 
 
-def _previous_install_deadline() -> datetime | None:
-    """The deadline an earlier attempt of wait_agent_installed moved (from its heartbeats)."""
+def _previous_hold() -> InstallHold:
+    """What an earlier attempt of wait_agent_installed last saw holding its Agent back, and the
+    deadline it moved (from its heartbeats): a retry keeps both."""
     for detail in reversed(activity.info().heartbeat_details or ()):
         try:
-            moved = InstallHold.model_validate(detail).deadline_moved_to
+            return InstallHold.model_validate(detail)
         except (ValueError, TypeError):
             continue
-        if moved is not None:
-            return moved
-    return None
+    return InstallHold()
 
 
 def owner_reference(order: KubeObject, *, controller: bool = True) -> dict[str, Any]:
@@ -1022,12 +1021,14 @@ class AssistedActivities:
         *,
         deadline: datetime | None,
         hold: InstallHold | None = None,
+        beat: Heartbeat | None = None,
     ) -> T:
         """Wait on the shared Agent informer (fresh read first, see HubKube.wait_object),
-        heartbeating the Agent's state and stage (and what holds it back, see wait_agent_installed)."""
+        heartbeating the Agent's state and stage (and what holds it back, see wait_agent_installed).
+        `beat`: the heartbeats of a wait made of several of these calls, so they keep their pace."""
         informer = self._kube.informer(AGENTS)
         every = tick_seconds(self._heartbeat_every)
-        beat = Heartbeat(every)
+        beat = beat or Heartbeat(every)
         return await self._kube.wait_object(
             AGENTS,
             ref.namespace,
@@ -1060,38 +1061,38 @@ class AssistedActivities:
                 )
             return None
 
-        hold = InstallHold(deadline_moved_to=_previous_install_deadline())
+        # With its NodePool and window, the wait looks every tenth of the window at whether a
+        # removal holds the Agent back; each time it does, the deadline moves to a whole window
+        # from then, so the Agent has one once the removal is done, however near its deadline.
+        hold = _previous_hold()
+        recheck = input.timeout / 10 if input.nodepool is not None and input.timeout is not None else None
+        beat = Heartbeat(tick_seconds(self._heartbeat_every))
         while True:
             deadline = max(input.deadline, hold.deadline_moved_to or input.deadline)
-            wake = deadline
-            if hold.held_back_by and input.timeout is not None:
-                # Looked at again every tenth of the window: once the hold ends, the Agent has
-                # (almost) a whole window for its claim and install.
-                wake = min(deadline, datetime.now(UTC) + input.timeout / 10)
+            wake = deadline if recheck is None else min(deadline, datetime.now(UTC) + recheck)
             try:
-                result = await self._wait_agent(ref, evaluate, deadline=wake, hold=hold)
+                result = await self._wait_agent(ref, evaluate, deadline=wake, hold=hold, beat=beat)
                 break
             except WaitTimedOut:
                 pass
-            holding = await self._removals_holding_back(input)
-            if holding and input.timeout is not None:
-                if holding != hold.held_back_by:
+            if recheck is not None and input.timeout is not None:
+                holding = await self._removals_holding_back(input)
+                if holding and holding != hold.held_back_by:
                     activity.logger.warning(
-                        "Agent %s/%s waits for its claim past its deadline: the removal of %s holds "
-                        "its NodePool back",
+                        "Agent %s/%s waits for its claim: the removal of %s holds its NodePool back",
                         ref.namespace,
                         ref.name,
                         ", ".join(holding),
                     )
                 hold.held_back_by = holding
-                hold.deadline_moved_to = datetime.now(UTC) + input.timeout
-                activity.heartbeat(hold.model_dump(mode="json"))
-            elif datetime.now(UTC) >= deadline:
+                if holding:
+                    moved = datetime.now(UTC) + input.timeout
+                    hold.deadline_moved_to = max(moved, hold.deadline_moved_to or moved)
+                    deadline = max(deadline, moved)
+            if datetime.now(UTC) >= deadline:
                 raise self._install_failed(
                     ref, "the install did not finish by the deadline", last, timeout=True
                 ) from None
-            else:
-                hold.held_back_by = []
         activity.logger.info("Agent %s/%s installed", ref.namespace, ref.name)
         return result
 
@@ -1103,11 +1104,13 @@ class AssistedActivities:
         Agent is claimed, not fit for a claim, or nothing is being removed."""
         if input.nodepool is None:
             return []
-        nodepool = await self._kube.get_optional(NODE_POOLS, input.nodepool.namespace, input.nodepool.name)
         agent = await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
+        if agent is None or agent_claimed(agent):
+            return []  # the usual answer, for one read: claimed, installing
+        nodepool = await self._kube.get_optional(NODE_POOLS, input.nodepool.namespace, input.nodepool.name)
         labels = dig(nodepool or {}, "spec", "platform", "agent", "agentLabelSelector", "matchLabels")
-        if agent is None or not isinstance(labels, dict) or not labels:
-            return []  # an Agent gone, or a NodePool gone or broken, fails as it would have
+        if not isinstance(labels, dict) or not labels:
+            return []  # a NodePool gone or broken fails the Agent as it would have
         selector = {str(k): str(v) for k, v in labels.items()}
         if not awaits_claim(agent, selector):
             return []

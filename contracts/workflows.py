@@ -183,6 +183,9 @@ class WorkerProgress(BaseModel):
     # the Web UI, say): what that run held is known only from its last report, so the release finds
     # the Agent handed to the slot by its label and the BMIs by the slot's name.
     restarted: bool = False
+    # The current attempt's create ended unanswered (timed out, or given up while a scale-down asked
+    # to cancel it): it may yet make the slot's BMI, so the release looks for it once it cannot.
+    create_unsettled: bool = False
 
 
 class WorkerRevision(IntEnum):
@@ -294,6 +297,18 @@ class ClusterWorkersStatus(BaseModel):
 
 class ScaleDownWorker(BaseModel):
     name: str
+
+
+class ReleasedWorker(BaseModel):
+    """Update `release_worker`: the named worker leaves. `node_set` is its node set with the count the
+    workflow lowered it to (the count 0 when the node set went meanwhile, by another command)."""
+
+    worker: str
+    node_set: NodeSetRequest
+
+
+# A worker in these phases is on its way out (its scale-down, a lost host or the decommission).
+LEAVING_PHASES = frozenset({WorkerPhase.UNBINDING, WorkerPhase.DELETING})
 
 
 # The ClusterOrder CRD: "CurrentWorkers is the number of workers in a non-terminal phase

@@ -4,8 +4,10 @@ Wire contract (what a Go caller needs; JSON Schemas of every payload are in `sch
 - workflow `ClusterWorkersWorkflow`, id `cluster-workers/<namespace>/<order>`, task queue
   `osac-workers`; input `ClusterWorkersInput`.
 - update `set_node_sets(SetNodeSets) -> ClusterWorkersStatus` (sent with update-with-start,
-  conflict policy USE_EXISTING), update `decommission() -> ClusterWorkersStatus`,
-  signal `scale_down_worker(ScaleDownWorker)`, query `status() -> ClusterWorkersStatus`.
+  conflict policy USE_EXISTING), update `decommission() -> ClusterWorkersStatus`, update
+  `release_worker(ScaleDownWorker) -> ReleasedWorker` (refused for an unknown or departing worker;
+  the signal `scale_down_worker(ScaleDownWorker)` does the same without an answer), query
+  `status() -> ClusterWorkersStatus`.
 - each worker: `WorkerNodeWorkflow`, id `worker/<namespace>/<order>/<order>-worker-<index>`,
   query `status() -> WorkerStatus`, signal `scale_down()` (sent by the cluster workflow).
 """
@@ -27,7 +29,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.refs import OrderRef
-from contracts.worker import TimingPolicy, WorkerPhase
+from contracts.worker import TimingPolicy
 from contracts.workflows import (
     BMAAS_TASK_QUEUE,
     DEFAULT_MAX_WORKERS_PER_ORDER,
@@ -80,9 +82,6 @@ _STATES = {
     WorkflowExecutionStatus.TERMINATED: WorkflowState.TERMINATED,
     WorkflowExecutionStatus.TIMED_OUT: WorkflowState.TIMED_OUT,
 }
-
-# A worker in these phases is on its way out (its host being released and wiped).
-LEAVING_PHASES = frozenset({WorkerPhase.UNBINDING, WorkerPhase.DELETING})
 
 # A query is answered by a worker; without one it would wait for the server's long default.
 QUERY_TIMEOUT = timedelta(seconds=20)
@@ -227,39 +226,24 @@ class WorkersApi:
             raise
 
     async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
-        """Release one named worker; returns its node set with the workflow's lowered count.
-
-        A worker already leaving is refused: the workflow ignores a second scale-down of it, so a
-        caller that then lowered the count would make the workflow release a worker nobody named."""
-        current = await self.status(order)
-        if current.finished or current.decommissioning:
-            state = "decommissioned" if current.finished else "being decommissioned"
-            raise CommandError(f"worker: order {order.key} is {state}")
-        found = next((w for w in current.workers if w.name == worker), None)
-        if found is None:
-            known = ", ".join(w.name for w in current.workers) or "none"
-            raise CommandError(f"worker: order {order.key} has no worker {worker!r} (workers: {known})")
-        if found.phase in LEAVING_PHASES:
-            raise CommandError(
-                f"worker: {worker} of order {order.key} is already leaving (phase {found.phase.value});"
-                " nothing changed"
+        """Release one named worker (update `release_worker`); returns its node set with the
+        workflow's lowered count. The workflow refuses a worker already leaving, or named by another
+        caller a moment before: a caller that then lowered the order's count would make the workflow
+        release a worker nobody named."""
+        current = await self.status(order)  # no workflow, no worker answering: said clearly first
+        if current.finished:
+            raise CommandError(f"worker: order {order.key} is decommissioned")
+        try:
+            released = await self.handle(order).execute_update(
+                ClusterWorkersWorkflow.release_worker, ScaleDownWorker(name=worker)
             )
-        ignored_before = current.ignored_scale_downs.count(worker)
-        request = ScaleDownWorker(name=worker)
-        await self.handle(order).signal(ClusterWorkersWorkflow.scale_down_worker, request)
-        # A query answers after every event before it, this signal included. The status cannot show a
-        # worker named a moment ago (still Ready); the workflow's list of ignored scale-downs can.
-        after = await self.status(order)
-        if after.ignored_scale_downs.count(worker) > ignored_before:
-            raise CommandError(
-                f"worker: {worker} of order {order.key} is already leaving (a scale-down named it"
-                " before); nothing changed"
-            )
-        lowered = next((n for n in after.node_sets if n.name == found.node_set), None)
-        if lowered is None:  # the node set went meanwhile (another command): as the signal left it
-            before = next(n for n in current.node_sets if n.name == found.node_set)
-            lowered = before.model_copy(update={"count": max(before.count - 1, 0)})
-        return lowered
+        except WorkflowUpdateFailedError as err:
+            raise _rejection(err) from err
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:  # the run completed since the status query
+                raise CommandError(f"worker: order {order.key} is decommissioned") from err
+            raise
+        return released.node_set
 
     async def decommission(self, order: OrderRef, *, update_id: str | None = None) -> ClusterWorkersStatus:
         """Release every worker, then the InfraEnv. `update_id` as in `apply`: a caller retrying

@@ -48,11 +48,13 @@ with workflow.unsafe.imports_passed_through():
     from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
     from contracts.workflows import (
         CURRENT_WORKER_REVISION,
+        LEAVING_PHASES,
         ClusterWorkersCarried,
         ClusterWorkersInput,
         ClusterWorkersStatus,
         NodeSetRequest,
         OrderConditionType,
+        ReleasedWorker,
         ScaleDownWorker,
         SetNodeSets,
         SlotRecord,
@@ -84,6 +86,10 @@ RESTART_REPORT_GAP = 1000
 
 class CommandRejected(ValueError):
     """A command that is invalid as a whole; its message names the field and the reason."""
+
+
+# The ApplicationError type of a command refused by its handler rather than by its validator.
+COMMAND_REJECTED = "CommandRejected"
 
 
 class ClusterPatch(StrEnum):
@@ -235,18 +241,64 @@ class ClusterWorkersWorkflow:
     def scale_down_worker(self, request: ScaleDownWorker) -> None:
         slot = self._slots.get(request.name)
         if slot is None or slot.deleted or slot.scale_down_sent or slot.named_for_removal:
-            # Signals cannot be rejected; the caller checks with `status` first. Keep it visible.
+            # Signals cannot be rejected (the update `release_worker` can). Keep it visible.
             self._ignored_scale_downs.append(request.name)
             workflow.set_current_details(
                 "Ignored scale-down of unknown or departing worker(s): "
                 + ", ".join(self._ignored_scale_downs)
             )
             return
+        self._name_for_removal(slot)
+
+    @workflow.update
+    def release_worker(self, request: ScaleDownWorker) -> ReleasedWorker:
+        """The scale-down of one named worker as a command that answers: refused for an unknown or
+        departing worker, so of two callers naming the same worker exactly one is told it leaves
+        (and lowers the order's count); the signal would have ignored the other without a word."""
+        problem = self._release_problem(request.name)
+        if problem is not None:
+            # The updates of one workflow task are all validated before any of their handlers runs.
+            raise ApplicationError(problem, type=COMMAND_REJECTED, non_retryable=True)
+        slot = self._slots[request.name]
+        node_set = self._name_for_removal(slot)
+        lowered = node_set or NodeSetRequest(
+            name=slot.spec.node_set, instance_type=slot.spec.instance_type, count=0
+        )
+        return ReleasedWorker(worker=request.name, node_set=lowered)
+
+    @release_worker.validator
+    def _validate_release_worker(self, request: ScaleDownWorker) -> None:
+        problem = self._release_problem(request.name)
+        if problem is not None:
+            raise CommandRejected(problem)
+
+    def _release_problem(self, name: str) -> str | None:
+        order = self._input.order.key
+        if self._decommissioning:
+            return f"worker: order {order} is being decommissioned"
+        slot = self._slots.get(name)
+        if slot is None or slot.deleted:
+            known = ", ".join(s.spec.name for s in self._ordered_slots() if not s.deleted) or "none"
+            return f"worker: order {order} has no worker {name!r} (workers: {known})"
+        if slot.scale_down_sent or slot.named_for_removal or slot.status.phase in LEAVING_PHASES:
+            why = (
+                f"phase {slot.status.phase.value}"
+                if slot.status.phase in LEAVING_PHASES
+                else "a scale-down named it before"
+            )
+            return f"worker: {name} of order {order} is already leaving ({why}); nothing changed"
+        return None
+
+    def _name_for_removal(self, slot: SlotRecord) -> NodeSetRequest | None:
+        """The worker leaves, and its node set asks for one fewer: its node set as lowered."""
         slot.named_for_removal = True
         node_set = self._node_sets.get(slot.spec.node_set)
         if node_set is not None and node_set.count > 0:
-            self._node_sets[node_set.name] = node_set.model_copy(update={"count": node_set.count - 1})
+            node_set = self._node_sets[node_set.name] = node_set.model_copy(
+                update={"count": node_set.count - 1}
+            )
         self._touch()
+        return node_set
 
     @workflow.signal
     def worker_report(self, report: WorkerReport) -> None:

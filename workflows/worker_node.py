@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as ActivityTimedOut
 
 with workflow.unsafe.imports_passed_through():
     from contracts.activities import BmaasActivity, HubActivity
@@ -82,6 +83,9 @@ class WorkerPatch(StrEnum):
 
     # A scale-down whose cancel a finishing step used up stops the attempt before its next step.
     STOP_BETWEEN_STEPS = "stop-between-steps"
+    # After a create that timed out, the release looks for the slot's BMI only once the create can
+    # no longer make it (it posts only within its attempt): one call timeout later.
+    CREATE_SETTLED_BEFORE_RELEASE = "create-settled-before-release"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -240,18 +244,29 @@ class WorkerNodeWorkflow:
         if progress.status.phase == WorkerPhase.PROVISIONING:
             if progress.provisioning_since is None:
                 progress.provisioning_since = workflow.now()
-            created = await self._bmaas(
-                BmaasActivity.CREATE_WORKER_INSTANCE,
-                CreateWorkerInstanceInput(
-                    order=slot.order,
-                    slot_index=slot.index,
-                    instance_type=slot.instance_type,
-                    release_image=slot.release_image,
-                    network_attachment=slot.network,
-                ),
-                CreateWorkerInstanceResult,
-                summary=f"Allocate a {slot.instance_type} host as BMI {slot.name}",
-            )
+            try:
+                created = await self._bmaas(
+                    BmaasActivity.CREATE_WORKER_INSTANCE,
+                    CreateWorkerInstanceInput(
+                        order=slot.order,
+                        slot_index=slot.index,
+                        instance_type=slot.instance_type,
+                        release_image=slot.release_image,
+                        network_attachment=slot.network,
+                    ),
+                    CreateWorkerInstanceResult,
+                    summary=f"Allocate a {slot.instance_type} host as BMI {slot.name}",
+                )
+            except AttemptFailed as failure:
+                # Timed out, or a retryable error that ended it (retries stop once a scale-down
+                # asked to cancel): its POST may still make the BMI. A decided error cannot.
+                cause = failure.__cause__
+                error = cause.cause if isinstance(cause, ActivityError) else None
+                if isinstance(error, ActivityTimedOut) or (
+                    isinstance(error, ApplicationError) and not error.non_retryable
+                ):
+                    progress.create_unsettled = True
+                raise
             progress.bmi_id = created.instance.id
             progress.status.resource_id = created.instance.id
             self._stop_if_scaled_down()
@@ -488,6 +503,15 @@ class WorkerNodeWorkflow:
             # Agent over) until their timeouts: look for what they left only after those.
             policy = self._policy()
             await workflow.sleep(max(policy.call_timeout, policy.wait_heartbeat_timeout))
+        elif (
+            progress.create_unsettled
+            and progress.bmi_id is None
+            and workflow.patched(WorkerPatch.CREATE_SETTLED_BEFORE_RELEASE.value)
+        ):
+            # A timed-out create may still be running in its worker process; it posts only within
+            # its attempt, so one call timeout after the workflow saw it end, its BMI is listed if made.
+            await workflow.sleep(self._policy().call_timeout)
+        progress.create_unsettled = False
         agent = self._agent_ref() if progress.agent_name is not None else None
         if agent is not None and progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.UNBINDING)

@@ -10,9 +10,12 @@ size leaves this module.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -57,6 +60,58 @@ from contracts.bmaas import (
 from contracts.refs import OrderRef
 
 log = logging.getLogger(__name__)
+In = TypeVar("In")
+R = TypeVar("R")
+
+REFUSALS = frozenset({BmaasErrorType.UNAUTHENTICATED, BmaasErrorType.PERMISSION_DENIED})
+
+
+def refusals_waited_out(
+    run: Callable[[Any, In], Awaitable[R]],
+) -> Callable[[Any, In], Awaitable[R]]:
+    """For the activities that run while a host is allocated to the attempt: BMaaS refusing the
+    token (401: a rotation the file has not followed yet) or the permission (403: a role a rollout
+    forgot) is retried, not the attempt failed, which would delete the BMI and wipe a healthy host
+    for a refusal that says nothing about it."""
+
+    @functools.wraps(run)
+    async def wrapper(self: Any, req: In) -> R:
+        try:
+            return await run(self, req)
+        except BmaasApiError as err:
+            if err.error_type not in REFUSALS or not err.non_retryable:
+                raise
+            raise BmaasApiError(
+                f"{err.message} (retried: the host stays allocated meanwhile)",
+                err.error_type,
+                http_status=err.http_status,
+                grpc_code=err.grpc_code,
+                non_retryable=False,
+            ) from None
+
+    return wrapper
+
+
+# The POST of a create ends this far before its attempt's timeout (a share of it, at least this).
+CREATE_MARGIN_SHARE, CREATE_MARGIN_MIN_S = 0.1, 1.0
+
+
+def _time_left_to_create(bmi_name: str, began: float) -> float | None:
+    """How long the create's POST may take: it must be over before the attempt's timeout, else the
+    BMI could land after the workflow saw the attempt end, when it may already have looked for it
+    and found none (a scale-down then leaves it allocated for good). None: no timeout to keep."""
+    timeout = activity.info().start_to_close_timeout
+    if not timeout:
+        return None
+    budget = timeout.total_seconds()
+    left = budget - (time.monotonic() - began) - max(budget * CREATE_MARGIN_SHARE, CREATE_MARGIN_MIN_S)
+    if left <= 0:
+        raise BmaasApiError(
+            f"create of BMI {bmi_name}: too little of this attempt left to send it safely",
+            BmaasErrorType.UNAVAILABLE,
+        )
+    return left
+
 
 IMAGE_SOURCE_DISK_IMAGE = "disk_image"
 FABRIC_ROLE = "fabric"
@@ -141,6 +196,7 @@ class BmaasActivities:
     async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
         """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created.
         Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound)."""
+        began = time.monotonic()
         existing = await self._find_slot(req.order, req.bmi_name)
         if existing is not None:
             return self._adopt(existing)
@@ -162,7 +218,14 @@ class BmaasActivities:
             )
         body = self._instance_body(req, ignition, interface)
         try:
-            created = await self.client.create_instance(body, secrets=(ignition,))
+            async with asyncio.timeout(_time_left_to_create(req.bmi_name, began)):
+                created = await self.client.create_instance(body, secrets=(ignition,))
+        except TimeoutError:
+            raise BmaasApiError(
+                f"POST of BMI {req.bmi_name} unanswered before this attempt's timeout: the next attempt"
+                " adopts the BMI if it was made",
+                BmaasErrorType.TRANSPORT,
+            ) from None
         except BmaasApiError as err:
             if not err.is_already_exists:
                 raise
@@ -259,6 +322,7 @@ class BmaasActivities:
     # -- wait running --------------------------------------------------------------------------
 
     @activity.defn
+    @refusals_waited_out
     async def wait_instance_running(self, req: WaitInstanceRunningInput) -> InstanceRunning:
         """Heartbeating wait until the BMI runs; a FAILED BMI, a running one none of whose NICs
         reports a MAC (no Agent could ever be matched to it), or one not running by the deadline
@@ -449,6 +513,7 @@ class BmaasActivities:
 
     @activity.defn
     @delivers_reports
+    @refusals_waited_out
     async def find_instances_with_macs(self, req: FindInstancesWithMacsInput) -> InstancesWithMacs:
         """The CaaS BMIs, of any order, other than `exclude_bmi_id` whose NICs carry one of the MACs.
 

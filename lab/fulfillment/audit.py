@@ -15,6 +15,8 @@ routes not; `watchers` is the number of open `events/watch` streams.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from enum import StrEnum
 
@@ -134,12 +136,26 @@ def find_violations(records: list[AuditRecord]) -> list[str]:
 class RequestStats:
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
+        self._in_flight: Counter[str] = Counter()  # received and not yet answered (or given up)
 
     def count(self, method: str, route: str) -> None:
         self._counts[f"{method} {route}"] += 1
 
+    @contextmanager
+    def handling(self, method: str, route: str) -> Iterator[None]:
+        key = f"{method} {route}"
+        self._in_flight[key] += 1
+        try:
+            yield
+        finally:
+            self._in_flight[key] -= 1
+
     def snapshot(self) -> dict[str, object]:
-        return {"total": sum(self._counts.values()), "requests": dict(sorted(self._counts.items()))}
+        return {
+            "total": sum(self._counts.values()),
+            "requests": dict(sorted(self._counts.items())),
+            "in_flight": {key: n for key, n in sorted(self._in_flight.items()) if n},
+        }
 
     def reset(self) -> None:
         self._counts.clear()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
-from lab.fulfillment.errors import ApiError
+from lab.fulfillment.errors import ApiError, GrpcCode
+from lab.fulfillment.faults import RequestFault
 from lab.fulfillment.lab import FulfillmentLab
 from lab.fulfillment.objects import ADMIN, Caller
 
@@ -50,14 +53,31 @@ def route_template(request: Request) -> str:
     return str(getattr(route, "path", request.url.path))
 
 
-async def count_and_inject_faults(request: Request) -> None:
-    """Runs before authentication, like a load balancer's errors would: every API call is counted."""
+async def count_and_inject_faults(request: Request) -> AsyncIterator[None]:
+    """Runs before authentication, like a load balancer's errors would: every API call is counted,
+    and counted in flight until it is answered."""
     lab = get_lab(request)
     template = route_template(request)
     lab.stats.count(request.method, template)
-    fault = lab.faults.for_request(request.method, template)
+    with lab.stats.handling(request.method, template):
+        await _inject_faults(request, lab.faults.for_request(request.method, template))
+        yield
+
+
+async def _inject_faults(request: Request, fault: RequestFault) -> None:
+    lab = get_lab(request)
     if fault.latency_s > 0:
         await asyncio.sleep(fault.latency_s)
+        # Like the real service, whose request context ends with its client's connection: a request
+        # whose client gave up while it waited is not handled. (The body is read first: the request
+        # keeps it, and the disconnect check cannot take it from the handler.)
+        try:
+            await request.body()
+            gone = await request.is_disconnected()
+        except ClientDisconnect:
+            gone = True
+        if gone:
+            raise ApiError(GrpcCode.CANCELLED, "the client went away before the request was handled")
     if fault.hang:
         await lab.faults.wait_until_released()
         raise ApiError.unavailable("lab fault: the request hung and was released")

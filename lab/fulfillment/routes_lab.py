@@ -6,7 +6,7 @@ GET  /lab/v1/hosts/{id}            host
 GET|PUT|PATCH|DELETE /lab/v1/faults        fault config (see faults.py)
 GET  /lab/v1/audit?since=&kind=&host_id=&bmi_id=   {records, last_seq} (see audit.py)
 GET  /lab/v1/audit/violations      {violations: [...]}: double allocations, unwiped reuse
-GET|DELETE /lab/v1/stats           {total, requests: {"<METHOD> <route>": n}, watchers: open streams}
+GET|DELETE /lab/v1/stats           {total, requests, in_flight: {"<METHOD> <route>": n}, watchers}
 GET  /lab/v1/timings               {allocation_s, image_write_s, boot_s, wipe_s, deprovision_s}
 PUT  /lab/v1/timings               {profile?: demo|realistic|zero (default demo), <field>: s, ...}
 PATCH /lab/v1/timings              {<field>: s, ...} on top of the current timings

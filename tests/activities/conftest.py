@@ -4,11 +4,13 @@ watcher and the activities, plus helpers to drive the twin's lab routes and run 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -209,6 +211,8 @@ class Harness:
 
     def env(self) -> ActivityEnvironment:
         env = ActivityEnvironment()
+        # The product's call timeout, not the environment's 1 s placeholder (a create keeps to it).
+        env.info = dataclasses.replace(env.info, start_to_close_timeout=timedelta(seconds=60))
         env.on_heartbeat = lambda *details: self.heartbeats.extend(details)
         return env
 

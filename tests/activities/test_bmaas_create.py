@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -318,3 +320,36 @@ async def test_workers_resolving_at_once_share_one_lookup(harness: Harness) -> N
         "GET /api/private/v1/cluster_versions": 1,
         "GET /api/private/v1/disk_images/{id}": 1,
     }
+
+
+async def test_a_create_posts_only_within_its_attempt(harness: Harness) -> None:
+    """Once a create's attempt timed out, the workflow looks for the slot's BMI (a scale-down then
+    ends the worker): a POST sent or answered after that would leave a BMI nobody owns, allocated
+    for good. So the POST keeps to what is left of the attempt, less a margin."""
+    short = harness.env()
+    short.info = dataclasses.replace(short.info, start_to_close_timeout=timedelta(seconds=2))
+
+    async def slow_steps() -> None:  # the lookups before the POST take most of the attempt
+        await asyncio.sleep(1.2)
+
+    harness.ignition.hook = slow_steps
+    with pytest.raises(ApplicationError) as late:
+        await harness.run(harness.acts.create_worker_instance, harness.slot(3), env=short)
+    assert late.value.type == BmaasErrorType.UNAVAILABLE.value and not late.value.non_retryable
+    names = {b["metadata"]["name"] for b in await harness.lab.list_bmis()}
+    assert "order1-worker-3" not in names  # never sent
+
+    # A POST still unanswered near the attempt's end is given up as a retryable error; the next
+    # attempt adopts the BMI if the service made it after all.
+    harness.ignition.hook = None
+    slow = harness.env()
+    slow.info = dataclasses.replace(slow.info, start_to_close_timeout=timedelta(seconds=2.5))
+    await harness.lab.faults(routes={"POST /api/private/v1/baremetal_instances": {"latency_s": 3.0}})
+    try:
+        with pytest.raises(ApplicationError) as unanswered:
+            await harness.run(harness.acts.create_worker_instance, harness.slot(4), env=slow)
+        assert unanswered.value.type == BmaasErrorType.TRANSPORT.value and not unanswered.value.non_retryable
+    finally:
+        await harness.lab.clear_faults()
+    again = await harness.run(harness.acts.create_worker_instance, harness.slot(4))
+    assert again.instance.name == "order1-worker-4"

@@ -10,6 +10,7 @@ from temporalio.exceptions import ApplicationError
 from activities.bmaas import BmaasActivities, BmaasClient, BmiWatcher
 from contracts.bmaas import (
     BmaasErrorType,
+    FindInstancesWithMacsInput,
     ListOrderInstancesInput,
     WaitInstanceGoneInput,
     WaitInstanceRunningInput,
@@ -40,6 +41,30 @@ async def test_tenant_token_is_permission_denied(harness: Harness) -> None:
     harness.secrets.append(harness.twin.tenant_token)
     err = await _error(harness, harness.acts.list_order_instances, ORDER)
     assert err.type == BmaasErrorType.PERMISSION_DENIED.value and err.non_retryable
+
+
+@pytest.mark.parametrize("refused", ["wrong-token", "tenant-token"])
+async def test_refusals_while_a_host_is_allocated_are_retried_not_fatal(
+    harness: Harness, refused: str
+) -> None:
+    """A 401 (a token rotation the file has not followed yet) or a 403 (a role a rollout forgot)
+    while a host is allocated to the attempt: its wait and its NIC check retry instead of failing
+    the attempt, which would delete the BMI and wipe a healthy host. Elsewhere a refusal still fails
+    at once (test_wrong_token_is_unauthenticated)."""
+    token = "not-the-admin-token-at-all" if refused == "wrong-token" else harness.twin.tenant_token
+    harness.secrets.append(token)
+    harness.token_file.write_text(token + "\n")
+
+    calls = [
+        # A BMI the watcher has not seen yet, so the wait asks BMaaS for it.
+        (harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id="bmi-not-seen-yet")),
+        (harness.acts.find_instances_with_macs, FindInstancesWithMacsInput(macs=["0a:00:00:00:00:77"])),
+    ]
+    for fn, arg in calls:
+        err = await _error(harness, fn, arg)
+        assert err.type in {BmaasErrorType.UNAUTHENTICATED.value, BmaasErrorType.PERMISSION_DENIED.value}
+        assert not err.non_retryable, (fn, err.message)
+    assert token not in err.message
 
 
 async def test_token_rotation_is_picked_up(harness: Harness) -> None:

@@ -668,6 +668,16 @@ async def held_back(run, wait: asyncio.Task, *, by: list[str]) -> None:
             assert not wait.done(), f"the wait ended before it was held back: {wait.exception()!r}"
 
 
+async def beats_until(run, wait: asyncio.Task, moment: datetime) -> None:
+    """Heartbeat by heartbeat until `moment`, the wait still running at each."""
+    while datetime.now(UTC) < moment:
+        run.beat.clear()
+        beat = asyncio.ensure_future(run.beat.wait())
+        await asyncio.wait({beat, wait}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        beat.cancel()
+        assert not wait.done(), f"the wait ended before {moment}: {wait.exception()!r}"
+
+
 async def test_an_agent_held_back_by_a_hanging_removal_outlives_its_install_deadline(api, api_assisted, kit):
     """While a leaving Agent's Machine is held (a drain with no timeout, a PodDisruptionBudget),
     replica syncs count only claimed Agents, so a newcomer fit for its claim is not claimed.
@@ -683,10 +693,10 @@ async def test_an_agent_held_back_by_a_hanging_removal_outlives_its_install_dead
         api.agent(name, kit.random_macs(), labels=SELECTOR, approved=True)
         fit_for_claim(api, name)
 
-    def wait_input(name: str) -> WaitAgentInstalledInput:
+    def wait_input(name: str, seconds: float = 0.2) -> WaitAgentInstalledInput:
         return WaitAgentInstalledInput(
             agent=AgentRef(namespace=api.ns, name=name),
-            deadline=deadline(0.2),
+            deadline=deadline(seconds),
             nodepool=pool,
             timeout=timedelta(seconds=3),
         )
@@ -700,14 +710,17 @@ async def test_an_agent_held_back_by_a_hanging_removal_outlives_its_install_dead
     installed = await asyncio.wait_for(newcomer, 30)
     assert installed.agent.name == "newcomer"
 
-    # Held again; once the removal is done, an Agent never claimed fails a window later.
+    # Held again, and the removal done well before the deadline: the Agent still has a whole
+    # window from when it was last seen held, not what was left of its first one.
     api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": "m-leaving"}}})
     run = kit.run()
-    late_input = wait_input("late")
+    late_input = wait_input("late", seconds=1.5)
     late = run.start(api_assisted.wait_agent_installed, late_input)
     await held_back(run, late, by=["leaving"])
     api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": None}}})
-    # A retried attempt (the worker restarted) keeps the deadline the hold moved.
+    await beats_until(run, late, late_input.deadline + timedelta(seconds=0.3))
+    # A retried attempt (the worker restarted) keeps the deadline the hold moved; an Agent never
+    # claimed then fails at it.
     retried = kit.run()
     retried.env.info = dataclasses.replace(retried.env.info, heartbeat_details=run.heartbeats[-1])
     late.cancel()

@@ -3,6 +3,7 @@ running controller: the ClusterOrder and the workflow keep agreeing, and only th
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -48,13 +49,21 @@ async def test_a_named_scale_down_repeated_at_once_releases_no_other_worker(
     stack: Stack, ctl: RunningController
 ) -> None:
     """The same command again (a retry, a second operator) while the worker is still leaving is
-    refused: lowering the count once more would make the workflow release a Ready worker nobody named."""
+    refused: lowering the count once more would make the workflow release a Ready worker nobody named.
+    Two operators at the same moment: exactly one is told the worker leaves, and lowers the count
+    (with a signal, both could be told it was already leaving, the order left unlowered, and the
+    controller would then bring a replacement)."""
     ref = await create_order(stack, bare_metal(bm_standard=3))
     await wait_ready(stack, ref, 3)
     ops = operations(stack, ctl)
     w0, w1, w2 = (ref.worker_name(i) for i in range(3))
 
-    first = await ops.scale_down_worker(ref, w2)
+    outcomes = await asyncio.gather(
+        ops.scale_down_worker(ref, w2), ops.scale_down_worker(ref, w2), return_exceptions=True
+    )
+    [first] = [o for o in outcomes if not isinstance(o, BaseException)]
+    [refused] = [o for o in outcomes if isinstance(o, BaseException)]
+    assert isinstance(refused, CommandError) and "is already leaving" in str(refused), refused
     assert (first.name, first.count) == ("bm-standard", 2)
     with pytest.raises(CommandError, match=f"{w2} of order {ref.key} is already leaving"):
         await ops.scale_down_worker(ref, w2)

@@ -499,8 +499,55 @@ async def test_a_hanging_drain_holds_a_newcomer_back_without_failing_it(stack: S
         assert worker.last_failure_reason is None
     finally:
         await stack.clear_agent_faults()
-    status = await stack.wait_ready(order, 2)
-    assert {w.name for w in status.workers} == {order.worker_name(1), newcomer}
+    stayed = {order.worker_name(1), newcomer}
+
+    async def only_the_two() -> Any:
+        status = await api.status(order)
+        names = {w.name for w in status.workers}
+        return status if names == stayed and status.ready_workers == 2 else None
+
+    status = await eventually(only_the_two, f"{sorted(stayed)} Ready and {leaving} gone")
     joined = next(w for w in status.workers if w.name == newcomer)
     assert joined.attempt_count == 1 and joined.last_failure_reason is None
+    await _clean_decommission(stack, order)
+
+
+async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(stack: Stack) -> None:
+    """BMaaS answers the create after 6 s, the call allows 3 s: the scale-down's cancel cannot
+    reach the create (a call does not heartbeat), the attempt times out, and the worker is released
+    at once. The create keeps its POST within its attempt, and the release looks for the slot's BMI
+    one call timeout after the create ended, so whatever the slow create made is released and
+    wiped, not left allocated with no workflow to own it (found by review; reproduced on the old code)."""
+    api = stack.with_policy(call_timeout=timedelta(seconds=3))
+    create = "POST /api/private/v1/baremetal_instances"
+    order = await stack.create_order({"bm-standard": 1})
+    worker = order.worker_name(0)
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, worker))
+    await stack.set_bmaas_faults(routes={create: {"latency_s": 6.0}})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+
+        async def create_in_flight() -> bool:
+            try:
+                pending = (await handle.describe()).raw_description.pending_activities
+            except Exception:  # not started yet
+                return False
+            return any(
+                p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value
+                and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                for p in pending
+            )
+
+        await eventually(create_in_flight, "the create in flight")
+        await api.scale_down_worker(order, worker)
+        await asyncio.wait_for(handle.result(), 120)
+
+        async def create_answered() -> bool:  # made its BMI, or found its client gone
+            stats = (await stack.bmaas_http.get("/lab/v1/stats")).json()
+            return create not in stats["in_flight"]
+
+        await eventually(create_answered, "the slow create answered")
+    finally:
+        await stack.clear_bmaas_faults()
+    assert await stack.bmis(order) == []
     await _clean_decommission(stack, order)
