@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 
 from pydantic import BaseModel, Field
 
-from contracts.hub import AgentMatch, Condition, OrderFacts
+from contracts.hub import AgentMatch, Condition, EventInput, OrderFacts
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import (  # noqa: F401  (WorkerReport(s): the signals' payloads, re-exported)
     FailureReason,
@@ -278,6 +278,10 @@ class ClusterWorkersCarried(BaseModel):
     order_edited: bool = False
     # The InfraEnv had been created again and its discovery image was still awaited.
     infraenv_image_pending: bool = False
+    # Events the previous run could not write (the hub refused its status writes), and whether a
+    # worker had found the InfraEnv gone: the new run writes and acts on them.
+    events: list[EventInput] = Field(default_factory=list)
+    infraenv_missing: bool = False
 
 
 class ClusterWorkersStatus(BaseModel):

@@ -9,6 +9,7 @@ the ClusterOrder in coalesced batches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -136,6 +137,8 @@ class ClusterPatch(StrEnum):
     # InfraEnvReady=False/WaitingForImage meanwhile: commands and scale-downs go on, and an image
     # that cannot be built no longer holds them for ever.
     RECREATED_INFRAENV_WAITED_ASIDE = "recreated-infraenv-waited-aside"
+    # A status write refused when the run is due to continue as new no longer holds it there.
+    CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS = "continue-as-new-past-a-refused-status"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -164,7 +167,9 @@ class ClusterWorkersWorkflow:
         self._node_sets: dict[str, NodeSetRequest] = {n.name: n for n in inp.node_sets}
         self._instance_types = set(inp.instance_types)
         self._conditions: dict[OrderConditionType, Condition] = {}
-        self._events: list[EventInput] = []
+        self._events: list[EventInput] = list(carried.events)
+        self._events_in_flight: list[EventInput] = []  # taken by the status write under way
+        self._publish_failures = 0  # status writes refused so far (see _flush_status_or_give_up)
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -177,7 +182,7 @@ class ClusterWorkersWorkflow:
         self._security_groups_wanted = 1 if carried.security_groups_pending else 0
         self._security_groups_applied = 0
         # A worker reported that the InfraEnv is gone.
-        self._infraenv_missing = False
+        self._infraenv_missing = carried.infraenv_missing
         # The InfraEnv was created again: its image is waited for while this is above the last one seen.
         self._infraenv_recreated = 1 if carried.infraenv_image_pending else 0
         self._infraenv_image_seen = 0
@@ -1034,14 +1039,18 @@ class ClusterWorkersWorkflow:
             failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)
             record_order_counts(self._input.order, status.desired_workers, status.ready_workers, failed)
             events, self._events = self._events, []
+            self._events_in_flight = events  # a continue-as-new that gives the write up carries them
             try:
                 await self._publish(status, events)
             except (ActivityError, ApplicationError) as err:
                 # A rejected write must not stop later ones: keep the events, try again later.
                 workflow.logger.warning("publishing the order status failed: %s", err)
                 self._events = events + self._events
+                self._events_in_flight = []
+                self._publish_failures += 1
                 await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
                 continue
+            self._events_in_flight = []
             self._published_generation = generation
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
@@ -1068,8 +1077,28 @@ class ClusterWorkersWorkflow:
         await workflow.wait_condition(lambda: self._published_generation >= self._status_generation)
         publisher.cancel()
 
+    async def _flush_status_or_give_up(self, publisher: asyncio.Future[None]) -> None:
+        """`_flush_status`, but a write refused, or not through within a call timeout (retried on a
+        hub answering 5xx), is given up: the publisher is stopped, its events left to carry over."""
+        self._status_generation += 1
+        refused = self._publish_failures
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: (
+                    self._published_generation >= self._status_generation or self._publish_failures > refused
+                ),
+                timeout=self._input.policy.call_timeout,
+            )
+        publisher.cancel()
+
     async def _continue_as_new(self, publisher: asyncio.Future[None]) -> None:
-        await self._flush_status(publisher)
+        # A hub refusing the status writes (an outage, a role a rollout forgot) must not hold the
+        # continue-as-new: the run would take no command until the server's history limit ended it.
+        # The new run writes the status at its start, with the events carried over.
+        if workflow.patched(ClusterPatch.CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS.value):
+            await self._flush_status_or_give_up(publisher)
+        else:
+            await self._flush_status(publisher)
         await workflow.wait_condition(workflow.all_handlers_finished)
         carried = ClusterWorkersCarried(
             slots=[s for s in self._ordered_slots() if not s.deleted],
@@ -1085,6 +1114,8 @@ class ClusterWorkersWorkflow:
             preparing=self._preparing,
             order_edited=self._order_edited,
             infraenv_image_pending=self._infraenv_recreated > self._infraenv_image_seen,
+            events=self._events_in_flight + self._events,
+            infraenv_missing=self._infraenv_missing,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(

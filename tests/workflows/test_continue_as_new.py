@@ -102,3 +102,41 @@ async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_sti
     await stack.wait_ready(order, 1)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_a_hub_refusing_status_writes_does_not_hold_the_continue_as_new(stack: Stack) -> None:
+    """A run due to continue as new writes its status first. A hub refusing the writes (an outage,
+    a role a rollout forgot) held it there: commands were accepted and nothing acted on them until
+    the server's history limit ended the run (found by review). It now continues as new past a
+    refused write (a 500 here, retried for a call timeout), carrying the events, and the next run
+    acts and writes the status once the hub takes it."""
+    api = stack.with_policy(call_timeout=timedelta(seconds=5))  # how long a write is tried at that point
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await stack.wait_ready(order, 1)
+    cluster_id = cluster_workflow_id(order)
+    refused = {"errors": [{"code": 500, "verbs": ["patch"], "resources": ["clusterorders/status"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=refused)).raise_for_status()
+    try:
+        # A change to write under the fault, in the run that answers the command.
+        await stack.apply(order, {"bm-standard": 2}, api)
+        run_id = (await stack.client.get_workflow_handle(cluster_id).describe()).run_id
+        for _ in range(5):  # commands that change nothing, each a few events: past the limit
+            await stack.apply(order, {"bm-standard": 2}, api)
+
+        async def continued_while_refused() -> bool:
+            run = stack.client.get_workflow_handle(cluster_id, run_id=run_id)
+            return (await run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+
+        await eventually(continued_while_refused, "a continue-as-new while the status writes fail")
+        await stack.apply(order, {"bm-standard": 3}, api)
+
+        async def acted() -> bool:
+            return len((await stack.api.status(order)).workers) == 3
+
+        await eventually(acted, "the scale-up acted on while the status writes fail")
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    await stack.wait_ready(order, 3)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
