@@ -86,6 +86,9 @@ class WorkerPatch(StrEnum):
     # After a create that timed out, the release looks for the slot's BMI only once the create can
     # no longer make it (it posts only within its attempt): one call timeout later.
     CREATE_SETTLED_BEFORE_RELEASE = "create-settled-before-release"
+    # A teardown that keeps waiting (a drain that hangs, a release that keeps failing) continues as
+    # new when the history grows long, instead of being ended by the server's limit with its host.
+    TEARDOWN_CONTINUES_AS_NEW = "teardown-continues-as-new"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -494,6 +497,7 @@ class WorkerNodeWorkflow:
                     self._record_failure(failure)
                     await self._report_change()
                 await workflow.sleep(self._policy().backoff(FailureReason.INTERNAL_ERROR, failures))
+                await self._continue_teardown_as_new_if_due()
 
     async def _release_resources(self) -> None:
         """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
@@ -613,6 +617,17 @@ class WorkerNodeWorkflow:
                 # Stay in Unbinding with the reason visible, and keep waiting.
                 self._record_failure(failure)
                 await self._report_change()
+                await self._continue_teardown_as_new_if_due()
+
+    async def _continue_teardown_as_new_if_due(self) -> None:
+        """A teardown's next run starts it again from the carried progress (the scale-down is in
+        it): each step is idempotent. Not from a failed attempt's release, whose run goes on after."""
+        if (
+            self._tearing_down
+            and workflow.info().is_continue_as_new_suggested()
+            and workflow.patched(WorkerPatch.TEARDOWN_CONTINUES_AS_NEW.value)
+        ):
+            await self._continue_as_new()
 
     async def _bmis_of_slot(self) -> list[str]:
         """The BMIs to release: the known one, or any a cancelled create may have left behind."""

@@ -140,3 +140,35 @@ async def test_a_hub_refusing_status_writes_does_not_hold_the_continue_as_new(st
     await stack.wait_ready(order, 3)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+async def test_a_worker_whose_drain_hangs_continues_as_new_and_still_releases_its_host(stack: Stack) -> None:
+    """Each unbinding timeout of a hanging drain adds to the leaving worker's history; over weeks
+    the server's limit would end the worker with its host still allocated (found by review). Its
+    teardown continues as new instead, and the next run, once the drain ends, releases the host."""
+    api = stack.with_policy(agent_unbinding_timeout=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await stack.wait_ready(order, 1)
+    worker = order.worker_name(0)
+    (agent,) = [a["metadata"]["name"] for a in await stack.agents(order.namespace)]
+    worker_id = worker_workflow_id(order, worker)
+    await stack.set_agent_faults({"hanging_drain": {"agents": [agent]}})
+    try:
+        await api.scale_down_worker(order, worker)
+        leaving_runs = (await _runs(stack, worker_id)).count(WorkflowExecutionStatus.CONTINUED_AS_NEW)
+
+        async def continued_while_unbinding() -> bool:
+            runs = await _runs(stack, worker_id)
+            return runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) > leaving_runs + 1
+
+        await eventually(continued_while_unbinding, f"{worker} continuing as new while its drain hangs")
+    finally:
+        await stack.clear_agent_faults()
+
+    async def released() -> bool:
+        return (await stack.api.status(order)).workers == [] and await stack.bmis(order) == []
+
+    await eventually(released, f"{worker} released once the drain ended")
+    await stack.decommission_and_wait(order)
+    assert await stack.audit_violations() == []
