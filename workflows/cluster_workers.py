@@ -76,6 +76,9 @@ with workflow.unsafe.imports_passed_through():
 
 T = TypeVar("T")
 
+# Events a continue-as-new carries at most (each ~200 bytes; the input is limited to 2 MiB).
+CARRIED_EVENTS_MAX = 500
+
 
 # RHCOSImageNotFound's reason while the release to find the image of is not known yet.
 RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
@@ -1114,7 +1117,8 @@ class ClusterWorkersWorkflow:
             preparing=self._preparing,
             order_edited=self._order_edited,
             infraenv_image_pending=self._infraenv_recreated > self._infraenv_image_seen,
-            events=self._events_in_flight + self._events,
+            # The newest only: a refusal lasting days must not outgrow the new run's input.
+            events=(self._events_in_flight + self._events)[-CARRIED_EVENTS_MAX:],
             infraenv_missing=self._infraenv_missing,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )

@@ -260,6 +260,11 @@ class WorkerNodeWorkflow:
                     CreateWorkerInstanceResult,
                     summary=f"Allocate a {slot.instance_type} host as BMI {slot.name}",
                 )
+            except asyncio.CancelledError:
+                # Cancelled between attempts (a retry's backoff after a POST given up unanswered):
+                # as doubtful as a timeout.
+                progress.create_unsettled = True
+                raise
             except AttemptFailed as failure:
                 # Timed out, or a retryable error that ended it (retries stop once a scale-down
                 # asked to cancel): its POST may still make the BMI. A decided error cannot.

@@ -10,6 +10,7 @@ size leaves this module.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -96,7 +97,21 @@ def refusals_waited_out(
 CREATE_MARGIN_SHARE, CREATE_MARGIN_MIN_S = 0.1, 1.0
 
 
-def _time_left_to_create(bmi_name: str, began: float) -> float | None:
+_attempt_began: contextvars.ContextVar[float] = contextvars.ContextVar("attempt_began")
+
+
+def attempt_clock(run: Callable[[Any, In], Awaitable[R]]) -> Callable[[Any, In], Awaitable[R]]:
+    """Outermost: note when the attempt began, before anything it does first (a report it delivers)."""
+
+    @functools.wraps(run)
+    async def wrapper(self: Any, req: In) -> R:
+        _attempt_began.set(time.monotonic())
+        return await run(self, req)
+
+    return wrapper
+
+
+def _time_left_to_create(bmi_name: str) -> float | None:
     """How long the create's POST may take: it must be over before the attempt's timeout, else the
     BMI could land after the workflow saw the attempt end, when it may already have looked for it
     and found none (a scale-down then leaves it allocated for good). None: no timeout to keep."""
@@ -104,6 +119,7 @@ def _time_left_to_create(bmi_name: str, began: float) -> float | None:
     if not timeout:
         return None
     budget = timeout.total_seconds()
+    began = _attempt_began.get(time.monotonic())
     left = budget - (time.monotonic() - began) - max(budget * CREATE_MARGIN_SHARE, CREATE_MARGIN_MIN_S)
     if left <= 0:
         raise BmaasApiError(
@@ -192,11 +208,11 @@ class BmaasActivities:
     # -- create --------------------------------------------------------------------------------
 
     @activity.defn
+    @attempt_clock
     @delivers_reports
     async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
         """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created.
         Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound)."""
-        began = time.monotonic()
         existing = await self._find_slot(req.order, req.bmi_name)
         if existing is not None:
             return self._adopt(existing)
@@ -218,7 +234,7 @@ class BmaasActivities:
             )
         body = self._instance_body(req, ignition, interface)
         try:
-            async with asyncio.timeout(_time_left_to_create(req.bmi_name, began)):
+            async with asyncio.timeout(_time_left_to_create(req.bmi_name)):
                 created = await self.client.create_instance(body, secrets=(ignition,))
         except TimeoutError:
             raise BmaasApiError(

@@ -551,3 +551,44 @@ async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(
         await stack.clear_bmaas_faults()
     assert await stack.bmis(order) == []
     await _clean_decommission(stack, order)
+
+
+async def test_a_scale_down_between_create_attempts_still_waits_for_a_late_bmi(stack: Stack) -> None:
+    """BMaaS answers the creates 503 (an attempt whose POST was given up unanswered looks the same
+    to the workflow): a scale-down in the retry's backoff cancels the create without an error.
+    That is as doubtful as a timeout, so the release still looks for the slot's BMI only one call
+    timeout later (the marker and the timer in the history), not at once (found by review)."""
+    api = stack.with_policy(call_timeout=timedelta(seconds=2))
+    create = "POST /api/private/v1/baremetal_instances"
+    order = await stack.create_order({"bm-standard": 1})
+    worker = order.worker_name(0)
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, worker))
+    await stack.set_bmaas_faults(routes={create: {"error_rate": 1.0}})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+
+        async def retrying() -> bool:
+            try:
+                pending = (await handle.describe()).raw_description.pending_activities
+            except Exception:  # not started yet
+                return False
+            return any(
+                p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value and p.attempt >= 2
+                for p in pending
+            )
+
+        await eventually(retrying, "the create retrying")
+        await api.scale_down_worker(order, worker)
+        await asyncio.wait_for(handle.result(), 120)
+    finally:
+        await stack.clear_bmaas_faults()
+    events = (await handle.fetch_history()).events
+    markers = [
+        e.marker_recorded_event_attributes
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    ]
+    assert any("create-settled-before-release" in str(m) for m in markers)
+    assert any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events)
+    assert await stack.bmis(order) == []
+    await _clean_decommission(stack, order)
