@@ -90,6 +90,20 @@ async def _condition(stack: Stack, order: OrderRef, kind: str) -> dict[str, Any]
     return None
 
 
+async def _create_pending(handle: Any, *, started: bool = False, attempt: int = 1) -> bool:
+    """Whether the worker's create is pending: running now (`started`), or at `attempt` or later."""
+    try:
+        pending = (await handle.describe()).raw_description.pending_activities
+    except Exception:  # not started yet
+        return False
+    return any(
+        p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value
+        and p.attempt >= attempt
+        and (not started or p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED)
+        for p in pending
+    )
+
+
 async def _clean_decommission(stack: Stack, order: OrderRef) -> None:
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
@@ -391,18 +405,7 @@ async def test_a_scale_down_during_a_call_that_finishes_anyway_stops_the_attempt
     try:
         await stack.apply(order, {"bm-standard": 1})
 
-        async def create_in_flight() -> bool:
-            try:
-                pending = (await handle.describe()).raw_description.pending_activities
-            except Exception:  # not started yet
-                return False
-            return any(
-                p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value
-                and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-                for p in pending
-            )
-
-        await eventually(create_in_flight, "the create in flight")
+        await eventually(lambda: _create_pending(handle, started=True), "the create in flight")
         await stack.apply(order, {"bm-standard": 0})
         await eventually(
             lambda: history_has(EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED), "the create cancelled"
@@ -527,18 +530,7 @@ async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(
     try:
         await stack.apply(order, {"bm-standard": 1}, api)
 
-        async def create_in_flight() -> bool:
-            try:
-                pending = (await handle.describe()).raw_description.pending_activities
-            except Exception:  # not started yet
-                return False
-            return any(
-                p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value
-                and p.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-                for p in pending
-            )
-
-        await eventually(create_in_flight, "the create in flight")
+        await eventually(lambda: _create_pending(handle, started=True), "the create in flight")
         await api.scale_down_worker(order, worker)
         await asyncio.wait_for(handle.result(), 120)
 
@@ -567,17 +559,7 @@ async def test_a_scale_down_between_create_attempts_still_waits_for_a_late_bmi(s
     try:
         await stack.apply(order, {"bm-standard": 1}, api)
 
-        async def retrying() -> bool:
-            try:
-                pending = (await handle.describe()).raw_description.pending_activities
-            except Exception:  # not started yet
-                return False
-            return any(
-                p.activity_type.name == BmaasActivity.CREATE_WORKER_INSTANCE.value and p.attempt >= 2
-                for p in pending
-            )
-
-        await eventually(retrying, "the create retrying")
+        await eventually(lambda: _create_pending(handle, attempt=2), "the create retrying")
         await api.scale_down_worker(order, worker)
         await asyncio.wait_for(handle.result(), 120)
     finally:
