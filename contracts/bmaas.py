@@ -6,7 +6,7 @@ The activity that creates a BMI fetches the ignition itself, by InfraEnv referen
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -98,6 +98,14 @@ NON_RETRYABLE_ERRORS: frozenset[BmaasErrorType] = frozenset(
 
 # ---------------------------------------------------------------------------------------------
 # create_worker_instance
+
+
+def create_margin(attempt: timedelta) -> timedelta:
+    """How long before the end of its attempt a create's POST must have ended, and how long after a
+    create ended unanswered the release waits before it looks for the slot's BMI: a tenth of the
+    attempt, at least a second. Together they cover clocks that differ and a service still handling
+    a request its client gave up."""
+    return max(attempt / 10, timedelta(seconds=1))
 
 
 class CreateWorkerInstanceInput(CarriesReport):

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         OrderInstances,
         WaitInstanceGoneInput,
         WaitInstanceRunningInput,
+        create_margin,
     )
     from contracts.hub import (
         AgentHandOff,
@@ -83,8 +84,8 @@ class WorkerPatch(StrEnum):
 
     # A scale-down whose cancel a finishing step used up stops the attempt before its next step.
     STOP_BETWEEN_STEPS = "stop-between-steps"
-    # After a create that timed out, the release looks for the slot's BMI only once the create can
-    # no longer make it (it posts only within its attempt): one call timeout later.
+    # After a create that ended unanswered, the release looks for the slot's BMI only once the
+    # create can no longer make it (it posts only within its attempt): a margin later.
     CREATE_SETTLED_BEFORE_RELEASE = "create-settled-before-release"
     # A teardown that keeps waiting (a drain that hangs, a release that keeps failing) continues as
     # new when the history grows long, instead of being ended by the server's limit with its host.
@@ -517,9 +518,9 @@ class WorkerNodeWorkflow:
             and progress.bmi_id is None
             and workflow.patched(WorkerPatch.CREATE_SETTLED_BEFORE_RELEASE.value)
         ):
-            # A timed-out create may still be running in its worker process; it posts only within
-            # its attempt, so one call timeout after the workflow saw it end, its BMI is listed if made.
-            await workflow.sleep(self._policy().call_timeout)
+            # An unanswered create's POST ended a margin before its attempt's end (contracts.bmaas
+            # create_margin); a margin after, a BMI it made is listed.
+            await workflow.sleep(create_margin(self._policy().call_timeout))
         progress.create_unsettled = False
         agent = self._agent_ref() if progress.agent_name is not None else None
         if agent is not None and progress.status.phase != WorkerPhase.FAILED:

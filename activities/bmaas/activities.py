@@ -57,6 +57,7 @@ from contracts.bmaas import (
     WaitInstanceGoneInput,
     WaitInstanceRunningInput,
     WaitProgress,
+    create_margin,
 )
 from contracts.refs import OrderRef
 
@@ -93,10 +94,6 @@ def refusals_waited_out(
     return wrapper
 
 
-# The POST of a create ends this far before its attempt's timeout (a share of it, at least this).
-CREATE_MARGIN_SHARE, CREATE_MARGIN_MIN_S = 0.1, 1.0
-
-
 _attempt_began: contextvars.ContextVar[float] = contextvars.ContextVar("attempt_began")
 
 
@@ -118,9 +115,8 @@ def _time_left_to_create(bmi_name: str) -> float | None:
     timeout = activity.info().start_to_close_timeout
     if not timeout:
         return None
-    budget = timeout.total_seconds()
     began = _attempt_began.get(time.monotonic())
-    left = budget - (time.monotonic() - began) - max(budget * CREATE_MARGIN_SHARE, CREATE_MARGIN_MIN_S)
+    left = (timeout - create_margin(timeout)).total_seconds() - (time.monotonic() - began)
     if left <= 0:
         raise BmaasApiError(
             f"create of BMI {bmi_name}: too little of this attempt left to send it safely",

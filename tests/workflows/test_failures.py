@@ -519,7 +519,7 @@ async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(
     """BMaaS answers the create after 6 s, the call allows 3 s: the scale-down's cancel cannot
     reach the create (a call does not heartbeat), the attempt times out, and the worker is released
     at once. The create keeps its POST within its attempt, and the release looks for the slot's BMI
-    one call timeout after the create ended, so whatever the slow create made is released and
+    a margin after the create ended, so whatever the slow create made is released and
     wiped, not left allocated with no workflow to own it (found by review; reproduced on the old code)."""
     api = stack.with_policy(call_timeout=timedelta(seconds=3))
     create = "POST /api/private/v1/baremetal_instances"
@@ -548,8 +548,8 @@ async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(
 async def test_a_scale_down_between_create_attempts_still_waits_for_a_late_bmi(stack: Stack) -> None:
     """BMaaS answers the creates 503 (an attempt whose POST was given up unanswered looks the same
     to the workflow): a scale-down in the retry's backoff cancels the create without an error.
-    That is as doubtful as a timeout, so the release still looks for the slot's BMI only one call
-    timeout later (the marker and the timer in the history), not at once (found by review)."""
+    That is as doubtful as a timeout, so the release still looks for the slot's BMI only a margin
+    later (the marker and the timer in the history), not at once (found by review)."""
     api = stack.with_policy(call_timeout=timedelta(seconds=2))
     create = "POST /api/private/v1/baremetal_instances"
     order = await stack.create_order({"bm-standard": 1})
