@@ -1108,10 +1108,12 @@ class AssistedActivities:
         if agent is None or agent_claimed(agent):
             return []  # the usual answer, for one read: claimed, installing
         nodepool = await self._kube.get_optional(NODE_POOLS, input.nodepool.namespace, input.nodepool.name)
-        labels = dig(nodepool or {}, "spec", "platform", "agent", "agentLabelSelector", "matchLabels")
-        if not isinstance(labels, dict) or not labels:
-            return []  # a NodePool gone or broken fails the Agent as it would have
-        selector = {str(k): str(v) for k, v in labels.items()}
+        if nodepool is None:
+            return []  # a NodePool gone fails the Agent as it would have
+        try:
+            selector = nodepool_selector(nodepool)
+        except ApplicationError:
+            return []  # so does a NodePool without a selector
         if not awaits_claim(agent, selector):
             return []
         listing = await self._kube.list_current(

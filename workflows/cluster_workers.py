@@ -172,7 +172,7 @@ class ClusterWorkersWorkflow:
         self._conditions: dict[OrderConditionType, Condition] = {}
         self._events: list[EventInput] = list(carried.events)
         self._events_in_flight: list[EventInput] = []  # taken by the status write under way
-        self._publish_failures = 0  # status writes refused so far (see _flush_status_or_give_up)
+        self._publish_failures = 0  # status writes refused so far (see _flush_status)
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -1074,34 +1074,32 @@ class ClusterWorkersWorkflow:
             local=workflow.patched(ClusterPatch.STATUS_PUBLISHED_LOCALLY.value),
         )
 
-    async def _flush_status(self, publisher: asyncio.Future[None]) -> None:
-        """Write the latest status, then stop the publisher while it is idle."""
-        self._status_generation += 1
-        await workflow.wait_condition(lambda: self._published_generation >= self._status_generation)
-        publisher.cancel()
-
-    async def _flush_status_or_give_up(self, publisher: asyncio.Future[None]) -> None:
-        """`_flush_status`, but a write refused, or not through within a call timeout (retried on a
-        hub answering 5xx), is given up: the publisher is stopped, its events left to carry over."""
+    async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
+        """Write the latest status, then stop the publisher. `or_give_up`: a write refused, or not
+        through within a call timeout (retried on a hub answering 5xx), is given up: its events stay
+        in `_events_in_flight` and `_events` to carry over."""
         self._status_generation += 1
         refused = self._publish_failures
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(
-                lambda: (
-                    self._published_generation >= self._status_generation or self._publish_failures > refused
-                ),
-                timeout=self._input.policy.call_timeout,
+
+        def flushed() -> bool:
+            return self._published_generation >= self._status_generation or (
+                or_give_up and self._publish_failures > refused
             )
+
+        if or_give_up:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(flushed, timeout=self._input.policy.call_timeout)
+        else:
+            await workflow.wait_condition(flushed)
         publisher.cancel()
 
     async def _continue_as_new(self, publisher: asyncio.Future[None]) -> None:
         # A hub refusing the status writes (an outage, a role a rollout forgot) must not hold the
         # continue-as-new: the run would take no command until the server's history limit ended it.
         # The new run writes the status at its start, with the events carried over.
-        if workflow.patched(ClusterPatch.CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS.value):
-            await self._flush_status_or_give_up(publisher)
-        else:
-            await self._flush_status(publisher)
+        await self._flush_status(
+            publisher, or_give_up=workflow.patched(ClusterPatch.CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS.value)
+        )
         await workflow.wait_condition(workflow.all_handlers_finished)
         carried = ClusterWorkersCarried(
             slots=[s for s in self._ordered_slots() if not s.deleted],
