@@ -42,12 +42,19 @@ class ChaosConfig:
     bmaas_latency_spike_s: float = 1.5  # added to every BMaaS call while a spike lasts
     hub_write_error_rate: float = 0.10  # hub twin: 500/409 on this share of the worker's writes
     hub_watch_cut_rate: float = 0.05  # hub twin: chance per watch event to cut the worker's stream
-    # Per phase, after the phase's disruptions: generous for a loaded 2-core machine, where each
-    # SIGKILL costs up to one activity timeout (60 s) before Temporal retries elsewhere, and cut
-    # hub watches delay what the worker sees.
     # Longer than a killed worker's wait takes to move (heartbeat 30 s) so a kill alone rarely
     # fails an attempt; the short run takes the churn for speed (the invariants hold either way).
     agent_registration_timeout_s: float = 45.0
+    # One attempt of a call and a wait's heartbeat timeout: what a SIGKILL or a lost completion
+    # costs before Temporal retries the activity. The full run keeps OSAC's defaults (60 s, 30 s).
+    call_timeout_s: float = 60.0
+    wait_heartbeat_timeout_s: float = 30.0
+    # A workflow task sent to a killed worker's sticky queue waits this long before any worker may
+    # take it (the worker's OSAC_STICKY_QUEUE_TIMEOUT_SECONDS; 60 s deployed).
+    sticky_queue_timeout_s: float = 60.0
+    # Per phase, after the phase's disruptions: generous for a loaded 2-core machine, where each
+    # SIGKILL costs up to one activity timeout (a call timeout) before Temporal retries elsewhere, and cut
+    # hub watches delay what the worker sees.
     phase_deadline_s: float = 1800.0
     kill_window_s: tuple[float, float] = (2.0, 20.0)  # a kill lands this long after the previous event
 
@@ -86,6 +93,10 @@ SHORT = ChaosConfig(
     wipe_failures=1,
     never_register_rate=0.1,  # at least a chance of one with so few boots
     agent_registration_timeout_s=20.0,
+    # A kill costs one call timeout: 15 s is ten times the slowest call under a latency spike.
+    call_timeout_s=15.0,
+    wait_heartbeat_timeout_s=10.0,
+    sticky_queue_timeout_s=10.0,
     phase_deadline_s=480.0,
     kill_window_s=(1.0, 6.0),
 )
@@ -93,8 +104,10 @@ SHORT = ChaosConfig(
 
 def chaos_policy(config: ChaosConfig) -> TimingPolicy:
     """OSAC's shape in seconds. Install and unbinding timeouts leave room for a killed worker's
-    activities to time out (heartbeat 30 s, calls 60 s)."""
+    activities to time out (at most a call timeout)."""
     return TimingPolicy(
+        call_timeout=timedelta(seconds=config.call_timeout_s),
+        wait_heartbeat_timeout=timedelta(seconds=config.wait_heartbeat_timeout_s),
         agent_registration_timeout=timedelta(seconds=config.agent_registration_timeout_s),
         agent_install_timeout=timedelta(seconds=240),
         agent_unbinding_timeout=timedelta(seconds=120),

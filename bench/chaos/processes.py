@@ -150,7 +150,9 @@ class TemporalDevServer:
 class WorkerProcess:
     """`osac-workers worker` configured by environment, exactly as deployed."""
 
-    def __init__(self, settings: Settings, temporal_address: str, log_file: Path) -> None:
+    def __init__(
+        self, settings: Settings, temporal_address: str, log_file: Path, sticky_queue_timeout_s: float
+    ) -> None:
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "OSAC_"))},
             "TEMPORAL_ADDRESS": temporal_address,
@@ -162,6 +164,7 @@ class WorkerProcess:
             "OSAC_TASK_QUEUE": settings.task_queue,
             "OSAC_BMAAS_TASK_QUEUE": settings.bmaas_task_queue,
             "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "1",
+            "OSAC_STICKY_QUEUE_TIMEOUT_SECONDS": str(sticky_queue_timeout_s),
         }
         self.log_file = log_file
         self.proc: subprocess.Popen[bytes] | None = None

@@ -586,7 +586,9 @@ async def run_seed(config: ChaosConfig, seed: int, workdir: Path, log: Log) -> S
             in_process_worker=False,
         ) as stack:
             _twin_logs_to(workdir / "twins.log")
-            worker = WorkerProcess(stack.settings, server.address, workdir / "worker.log")
+            worker = WorkerProcess(
+                stack.settings, server.address, workdir / "worker.log", config.sticky_queue_timeout_s
+            )
             twins = Twins(stack)
             worker.start()
             run = ChaosRun(config, plan, stack, twins, server, worker, log)
