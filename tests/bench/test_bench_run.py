@@ -88,18 +88,19 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
 
 def test_a_split_worker_is_measured_as_its_two_processes(tmp_path: Path) -> None:
-    """`--split-worker`: a workflow process and an activity process; the figures are their sums."""
-    options = ["--no-floor", "--density=0", "--profile-n=2", "--cost-profiles=1x", "--ready-hold=1"]
+    """`--split-worker`: a workflow process and an activity process; the figures are their sums.
+    The floor phase alone (zero delays) takes its workers up and down in both processes."""
+    options = ["--n=2", "--density=0", "--cost-profiles="]
     results_dir = _bench(tmp_path, *options, "--split-worker", "--keep-workdir")
     [path] = list(results_dir.glob("*.details.json"))
     details = json.loads(path.read_text())
     assert details["settings"]["worker_processes"] == ["workflows", "activities"]
-    cost = details["cost_1x"]
-    assert cost["audit_violations"] == 0 and cost["worker_cpu_s"] > 0
+    floor = details["floor"]
+    assert floor["audit_violations"] == 0 and floor["worker_cpu_s"] > 0
     # Each process ran its own part: its log says which role it had.
     [workdir] = list(tmp_path.glob("osac-bench-*"))
     logs = {
-        role: (workdir / "lifecycle-1x" / f"worker-{role}.log").read_text()
+        role: (workdir / "lifecycle-zero" / f"worker-{role}.log").read_text()
         for role in ("workflows", "activities")
     }
     assert "(role workflows)" in logs["workflows"]
