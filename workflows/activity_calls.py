@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -18,8 +17,6 @@ T = TypeVar("T")
 # How long one attempt may take, and how long a wait may go without a heartbeat, are the order's
 # TimingPolicy (call_timeout, wait_heartbeat_timeout).
 CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
-# A bounded local call's attempt (see `local_attempts`).
-LOCAL_ATTEMPT_LIMIT = timedelta(seconds=5)
 WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30))
 # A wait ends when its condition holds or the workflow stops it; the timeout is only a backstop.
 WAIT_LIMIT = timedelta(days=365)
@@ -35,26 +32,19 @@ async def call_activity(
     wait: bool = False,
     task_queue: str | None = None,
     local: bool = False,
-    local_attempts: int | None = None,
 ) -> T:
     """Execute an activity by name. A cancelled call returns only once the activity has stopped,
     so teardown never races a create that is still running. `local`: a short call run by the
     workflow's own worker, recorded as one marker instead of three events and a workflow task.
-    `policy` gives one attempt's timeout (calls) or the heartbeat timeout (waits). `local_attempts`:
-    how many attempts a local call makes, each within `policy.call_timeout` and LOCAL_ATTEMPT_LIMIT
-    at most, before it fails (its workflow task, and the commands behind it, are held meanwhile)."""
+    `policy` gives one attempt's timeout (calls) or the heartbeat timeout (waits)."""
     if local:
         assert not wait and task_queue is None, "a local activity is short and runs on the workflow's queue"
-        attempt, retry = policy.call_timeout, CALL_RETRY
-        if local_attempts:
-            attempt = min(attempt, LOCAL_ATTEMPT_LIMIT)
-            retry = replace(retry, maximum_attempts=local_attempts)
         local_result: T = await workflow.execute_local_activity(
             name,
             arg,
             result_type=result_type,
-            start_to_close_timeout=attempt,
-            retry_policy=retry,
+            start_to_close_timeout=policy.call_timeout,
+            retry_policy=CALL_RETRY,
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=summary,
         )

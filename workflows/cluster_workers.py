@@ -142,15 +142,6 @@ class ClusterPatch(StrEnum):
     RECREATED_INFRAENV_WAITED_ASIDE = "recreated-infraenv-waited-aside"
     # A status write refused when the run is due to continue as new no longer holds it there.
     CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS = "continue-as-new-past-a-refused-status"
-    # A status write refused a few times in a row is tried again after a growing pause, not 60 s.
-    STATUS_WRITE_BACKS_OFF = "status-write-backs-off"
-
-
-# A status write is a local activity: its workflow task, and the commands waiting behind it, are
-# held while it retries. A hub refusing the writes gets a few quick attempts, then the next try
-# after a pause (a timer: the commands go on meanwhile), doubling from this to CALL_RETRY's maximum.
-STATUS_WRITE_ATTEMPTS = 3
-STATUS_WRITE_PAUSE = timedelta(seconds=5)
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -182,7 +173,6 @@ class ClusterWorkersWorkflow:
         self._events: list[EventInput] = list(carried.events)
         self._events_in_flight: list[EventInput] = []  # taken by the status write under way
         self._publish_failures = 0  # status writes refused so far (see _flush_status)
-        self._failed_writes_in_a_row = 0
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -1046,8 +1036,7 @@ class ClusterWorkersWorkflow:
         branch on elapsed workflow time, which replay after a worker crash did not reproduce."""
         while True:
             await workflow.wait_condition(lambda: self._status_generation > self._published_generation)
-            if self._input.policy.status_coalesce:
-                await workflow.sleep(self._input.policy.status_coalesce)
+            await workflow.sleep(self._input.policy.status_coalesce)
             generation = self._status_generation
             status = self.status()
             failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)
@@ -1062,18 +1051,10 @@ class ClusterWorkersWorkflow:
                 self._events = events + self._events
                 self._events_in_flight = []
                 self._publish_failures += 1
-                self._failed_writes_in_a_row += 1
-                await workflow.sleep(self._pause_after_failed_write())
+                await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
                 continue
             self._events_in_flight = []
             self._published_generation = generation
-            self._failed_writes_in_a_row = 0
-
-    def _pause_after_failed_write(self) -> timedelta:
-        longest = CALL_RETRY.maximum_interval or timedelta(seconds=60)
-        if not workflow.patched(ClusterPatch.STATUS_WRITE_BACKS_OFF.value):
-            return longest
-        return min(STATUS_WRITE_PAUSE * 2 ** (self._failed_writes_in_a_row - 1), longest)
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
         await self._hub(
@@ -1091,7 +1072,6 @@ class ClusterWorkersWorkflow:
             summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready"
             + (f", {len(events)} event(s)" if events else ""),
             local=workflow.patched(ClusterPatch.STATUS_PUBLISHED_LOCALLY.value),
-            local_attempts=STATUS_WRITE_ATTEMPTS,
         )
 
     async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
@@ -1180,17 +1160,9 @@ class ClusterWorkersWorkflow:
         summary: str,
         wait: bool = False,
         local: bool = False,
-        local_attempts: int | None = None,
     ) -> T:
         return await call_activity(
-            name.value,
-            arg,
-            result_type,
-            policy=self._input.policy,
-            summary=summary,
-            wait=wait,
-            local=local,
-            local_attempts=local_attempts,
+            name.value, arg, result_type, policy=self._input.policy, summary=summary, wait=wait, local=local
         )
 
 

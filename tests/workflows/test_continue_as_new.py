@@ -6,14 +6,12 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
 from tests.workflows.stack import Stack, eventually, running_stack
-from workflows.cluster_workers import STATUS_WRITE_PAUSE
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -112,7 +110,7 @@ async def test_a_hub_refusing_status_writes_does_not_hold_the_continue_as_new(st
     the server's history limit ended the run (found by review). It now continues as new past a
     refused write (a 500 here, retried for a call timeout), carrying the events, and the next run
     acts and writes the status once the hub takes it."""
-    api = stack.with_policy(call_timeout=timedelta(seconds=4))  # how long a write is tried at that point
+    api = stack.with_policy(call_timeout=timedelta(seconds=5))  # how long a write is tried at that point
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1}, api)
     await stack.wait_ready(order, 1)
@@ -131,15 +129,6 @@ async def test_a_hub_refusing_status_writes_does_not_hold_the_continue_as_new(st
             return (await run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
 
         await eventually(continued_while_refused, "a continue-as-new while the status writes fail")
-        # The refused write gave up its quick attempts and paused on a timer: the commands went on
-        # meanwhile (a write retried inside the workflow task held each of them for seconds).
-        refused_run = stack.client.get_workflow_handle(cluster_id, run_id=run_id)
-        pauses = [
-            e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-            async for e in refused_run.fetch_history_events()
-            if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-        ]
-        assert STATUS_WRITE_PAUSE in pauses, pauses
         await stack.apply(order, {"bm-standard": 3}, api)
 
         async def acted() -> bool:

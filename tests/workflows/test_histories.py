@@ -7,7 +7,6 @@ import base64
 import json
 import os
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -179,29 +178,6 @@ async def test_the_cluster_status_is_written_by_local_activities(
         and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
     ]
     assert local and set(local) == {HubActivity.PUBLISH_ORDER_STATUS.value}
-
-
-async def test_status_changes_are_written_without_waiting_on_a_timer(
-    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
-) -> None:
-    """OSAC's default `status_coalesce` (0) writes a change at once; changes arriving meanwhile go in
-    the next write. A window would be a timer, and the server holds timers shorter than a second
-    (its `history.timerProcessorMaxTimeShift`) for that second."""
-    _, histories, _ = lifecycle
-    cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
-    timers = [
-        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-        for e in cluster.events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-    ]
-    assert all(t >= timedelta(seconds=1) for t in timers), timers
-    writes = sum(
-        1
-        for e in cluster.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
-    )
-    assert writes >= 4  # Provisioning, Ready, a worker leaving, and the end at least
 
 
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
