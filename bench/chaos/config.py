@@ -53,8 +53,8 @@ class ChaosConfig:
     # take it (the worker's OSAC_STICKY_QUEUE_TIMEOUT_SECONDS; 60 s deployed).
     sticky_queue_timeout_s: float = 60.0
     # Per phase, after the phase's disruptions: generous for a loaded 2-core machine, where each
-    # SIGKILL costs up to one activity timeout (a call timeout) before Temporal retries elsewhere, and cut
-    # hub watches delay what the worker sees.
+    # SIGKILL costs up to a call timeout before Temporal retries elsewhere, and cut hub watches
+    # delay what the worker sees.
     phase_deadline_s: float = 1800.0
     kill_window_s: tuple[float, float] = (2.0, 20.0)  # a kill lands this long after the previous event
 

@@ -19,6 +19,7 @@ from contracts.hub import WORKER_LABEL, WaitAgentInstalledInput, WaitAndHandAgen
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
+from starter.api import WorkersApi
 from tests.workflows.stack import Stack, eventually, fast_policy, running_stack, scheduled_activities
 
 ALL = {"rate": 1.0}
@@ -88,6 +89,22 @@ async def _condition(stack: Stack, order: OrderRef, kind: str) -> dict[str, Any]
         if cond["type"] == kind:
             return dict(cond)
     return None
+
+
+CREATE = "POST /api/private/v1/baremetal_instances"
+
+
+async def _one_worker_with_a_faulty_create(
+    stack: Stack, call_timeout_s: float, fault: dict[str, float]
+) -> tuple[WorkersApi, OrderRef, str, Any]:
+    """An order of one worker whose calls time out after `call_timeout_s`, BMaaS answering its
+    create with `fault` (cleared by the caller): the API, the order, the worker and its handle."""
+    api = stack.with_policy(call_timeout=timedelta(seconds=call_timeout_s))
+    order = await stack.create_order({"bm-standard": 1})
+    worker = order.worker_name(0)
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, worker))
+    await stack.set_bmaas_faults(routes={CREATE: fault})
+    return api, order, worker, handle
 
 
 async def _create_pending(handle: Any, *, started: bool = False, attempt: int = 1) -> bool:
@@ -390,9 +407,8 @@ async def test_a_scale_down_during_a_call_that_finishes_anyway_stops_the_attempt
     the worker is scaled down; it finishes. The attempt stops there: the host is released and
     wiped, never waited for, booted into the cluster and only then taken back."""
     order = await stack.create_order({"bm-standard": 1})
-    create = "POST /api/private/v1/baremetal_instances"
     # Long enough for the scale-down to land while the create waits, short of the call's budget.
-    await stack.set_bmaas_faults(routes={create: {"latency_s": 12.0}})
+    await stack.set_bmaas_faults(routes={CREATE: {"latency_s": 12.0}})
     handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
 
     async def history_has(event_type: EventType.ValueType) -> bool:
@@ -521,12 +537,7 @@ async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(
     at once. The create keeps its POST within its attempt, and the release looks for the slot's BMI
     a margin after the create ended, so whatever the slow create made is released and
     wiped, not left allocated with no workflow to own it (found by review; reproduced on the old code)."""
-    api = stack.with_policy(call_timeout=timedelta(seconds=3))
-    create = "POST /api/private/v1/baremetal_instances"
-    order = await stack.create_order({"bm-standard": 1})
-    worker = order.worker_name(0)
-    handle = stack.client.get_workflow_handle(worker_workflow_id(order, worker))
-    await stack.set_bmaas_faults(routes={create: {"latency_s": 6.0}})
+    api, order, worker, handle = await _one_worker_with_a_faulty_create(stack, 3, {"latency_s": 6.0})
     try:
         await stack.apply(order, {"bm-standard": 1}, api)
 
@@ -536,7 +547,7 @@ async def test_a_scale_down_during_a_create_that_times_out_leaves_no_bmi_behind(
 
         async def create_answered() -> bool:  # made its BMI, or found its client gone
             stats = (await stack.bmaas_http.get("/lab/v1/stats")).json()
-            return create not in stats["in_flight"]
+            return CREATE not in stats["in_flight"]
 
         await eventually(create_answered, "the slow create answered")
     finally:
@@ -550,12 +561,7 @@ async def test_a_scale_down_between_create_attempts_still_waits_for_a_late_bmi(s
     to the workflow): a scale-down in the retry's backoff cancels the create without an error.
     That is as doubtful as a timeout, so the release still looks for the slot's BMI only a margin
     later (the marker and the timer in the history), not at once (found by review)."""
-    api = stack.with_policy(call_timeout=timedelta(seconds=2))
-    create = "POST /api/private/v1/baremetal_instances"
-    order = await stack.create_order({"bm-standard": 1})
-    worker = order.worker_name(0)
-    handle = stack.client.get_workflow_handle(worker_workflow_id(order, worker))
-    await stack.set_bmaas_faults(routes={create: {"error_rate": 1.0}})
+    api, order, worker, handle = await _one_worker_with_a_faulty_create(stack, 2, {"error_rate": 1.0})
     try:
         await stack.apply(order, {"bm-standard": 1}, api)
 
