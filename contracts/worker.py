@@ -153,7 +153,11 @@ class TimingPolicy(BaseModel):
     # A wipe still running after this is shown as HostWipeStuck (the release keeps waiting).
     wipe_stuck_after: timedelta = timedelta(minutes=30)
     # How long the cluster workflow gathers status changes before one write to the ClusterOrder.
-    status_coalesce: timedelta = timedelta(seconds=0.5)
+    # 0: each change is written at once, and the changes that arrive while a write is in flight go
+    # in the next (worker processes already send an order's reports together). A window is a
+    # Temporal timer, and servers fire timers shorter than `history.timerProcessorMaxTimeShift`
+    # (1 s by default) only after it: a 0.5 s window held every write about a second.
+    status_coalesce: timedelta = Field(default=timedelta(0), ge=timedelta(0))
     # How often a cluster with a missing boot image or cluster reference looks again.
     prerequisite_recheck: timedelta = timedelta(minutes=1)
     # How often the cluster workflow asks BMaaS whether its Ready workers' hosts still run (one list

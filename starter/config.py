@@ -47,7 +47,6 @@ def demo_policy() -> TimingPolicy:
         registration_timeout_backoff_cap=timedelta(seconds=10),
         attempt_reset_after_ready=timedelta(minutes=5),
         wipe_stuck_after=timedelta(minutes=2),
-        status_coalesce=timedelta(seconds=0.5),
         prerequisite_recheck=timedelta(seconds=2),
     )
 

@@ -17,6 +17,10 @@ T = TypeVar("T")
 # How long one attempt may take, and how long a wait may go without a heartbeat, are the order's
 # TimingPolicy (call_timeout, wait_heartbeat_timeout).
 CALL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
+# A local call's retry waits on a workflow timer, not inside the workflow task: waiting inside it
+# held the task, and every command behind it, for the whole backoff (a hub refusing status writes
+# held each command 8-16 s). Any backoff above this goes on a timer; 0 would mean the SDK's 1 min.
+LOCAL_RETRY_ON_A_TIMER = timedelta(milliseconds=1)
 WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30))
 # A wait ends when its condition holds or the workflow stops it; the timeout is only a backstop.
 WAIT_LIMIT = timedelta(days=365)
@@ -45,6 +49,7 @@ async def call_activity(
             result_type=result_type,
             start_to_close_timeout=policy.call_timeout,
             retry_policy=CALL_RETRY,
+            local_retry_threshold=LOCAL_RETRY_ON_A_TIMER,
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=summary,
         )

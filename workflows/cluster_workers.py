@@ -1032,11 +1032,13 @@ class ClusterWorkersWorkflow:
                 await self._tell_worker(slot, lost)
 
     async def _publish_loop(self) -> None:
-        """Coalesce status changes into few ClusterOrder writes. Always the same timer, never a
-        branch on elapsed workflow time, which replay after a worker crash did not reproduce."""
+        """Coalesce status changes into few ClusterOrder writes: what changes while a write is in
+        flight goes in the next. The optional window is always the same timer (from the input),
+        never a branch on elapsed workflow time, which replay after a worker crash did not reproduce."""
         while True:
             await workflow.wait_condition(lambda: self._status_generation > self._published_generation)
-            await workflow.sleep(self._input.policy.status_coalesce)
+            if self._input.policy.status_coalesce:
+                await workflow.sleep(self._input.policy.status_coalesce)
             generation = self._status_generation
             status = self.status()
             failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)

@@ -119,7 +119,6 @@ def chaos_policy(config: ChaosConfig) -> TimingPolicy:
         registration_timeout_backoff=[timedelta(seconds=0.5)],
         registration_timeout_backoff_cap=timedelta(seconds=1),
         wipe_stuck_after=timedelta(seconds=10),
-        status_coalesce=timedelta(seconds=0.5),
         prerequisite_recheck=timedelta(seconds=1),
         # Often, so the Ready workers' hosts are checked through the kills, restarts and 503s: no
         # host breaks here, so any worker told its host was lost is a false alarm (an invariant).

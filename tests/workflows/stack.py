@@ -64,7 +64,6 @@ def fast_policy(**overrides: Any) -> TimingPolicy:
         no_hosts_backoff_cap=timedelta(seconds=2),
         registration_timeout_backoff=[timedelta(seconds=0.5)],
         registration_timeout_backoff_cap=timedelta(seconds=1),
-        status_coalesce=timedelta(seconds=0.3),
         prerequisite_recheck=timedelta(seconds=1),
     )
     base.update(overrides)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
@@ -129,6 +131,18 @@ async def test_a_hub_refusing_status_writes_does_not_hold_the_continue_as_new(st
             return (await run.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
 
         await eventually(continued_while_refused, "a continue-as-new while the status writes fail")
+        # Each refused attempt is recorded and the next waits on a timer, so the commands above
+        # went on meanwhile (retried inside the workflow task, each command waited 8-16 s).
+        refused_run = stack.client.get_workflow_handle(cluster_id, run_id=run_id)
+        events = [e async for e in refused_run.fetch_history_events()]
+        retried_on_a_timer = [
+            event
+            for event, after in itertools.pairwise(events)
+            if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+            and event.marker_recorded_event_attributes.HasField("failure")
+            and after.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        ]
+        assert retried_on_a_timer, "no refused status write retried on a timer"
         await stack.apply(order, {"bm-standard": 3}, api)
 
         async def acted() -> bool:

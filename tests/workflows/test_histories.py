@@ -7,6 +7,7 @@ import base64
 import json
 import os
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,29 @@ async def test_the_cluster_status_is_written_by_local_activities(
     assert local and set(local) == {HubActivity.PUBLISH_ORDER_STATUS.value}
 
 
+async def test_status_changes_are_written_without_waiting_on_a_timer(
+    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
+) -> None:
+    """OSAC's default `status_coalesce` (0) writes a change at once; changes arriving meanwhile go in
+    the next write. A window would be a timer, and the server holds timers shorter than a second
+    (its `history.timerProcessorMaxTimeShift`) for that second."""
+    _, histories, _ = lifecycle
+    cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
+    timers = [
+        e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        for e in cluster.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+    ]
+    assert all(t >= timedelta(seconds=1) for t in timers), timers
+    writes = sum(
+        1
+        for e in cluster.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+    )
+    assert writes >= 4  # Provisioning, Ready, a worker leaving, and the end at least
+
+
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
     _, histories, _ = lifecycle
     replayer = Replayer(
@@ -222,7 +246,9 @@ async def test_recorded_histories_replay_clean() -> None:
 async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -> None:
     """Histories recorded on earlier code in a state the recorded lifecycle never passes through
     (`regressions/`, named after it): a decommission while the order named no release and no NodePool
-    had one yet (recorded on 8e6b029 with stand-in activities; it read the order after the wait)."""
+    had one yet (recorded on 8e6b029 with stand-in activities; it read the order after the wait); a
+    run whose status write the hub refused, retried inside the workflow task until the run continued
+    as new past it (recorded on 8ae76b1; the retries now wait on timers)."""
     replayer = Replayer(workflows=[ClusterWorkersWorkflow], data_converter=pydantic_data_converter)
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
