@@ -123,8 +123,7 @@ def reduce(workflow_id: str, run_id: str, workflow_type: str, events: list[Histo
 async def fetch_task_queue(client: Client, task_queue: str, concurrency: int = 16) -> list[RunHistory]:
     """Every run (continued-as-new runs included) of every workflow on the task queue."""
     executions = [
-        (w.id, w.run_id, w.workflow_type)
-        async for w in client.list_workflows(f"TaskQueue = '{task_queue}'")
+        (w.id, w.run_id, w.workflow_type) async for w in client.list_workflows(f"TaskQueue = '{task_queue}'")
     ]
     gate = asyncio.Semaphore(concurrency)
 

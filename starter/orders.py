@@ -249,9 +249,7 @@ class HubOrders:
             present = meta(current).get("annotations") or {}
             now = requests[matches[0]].get("numberOfNodes")
             wanted = count(now if isinstance(now, int) else 0) if callable(count) else count
-            if now == wanted and all(
-                present.get(k) == v for k, v in (annotations or {}).items()
-            ):
+            if now == wanted and all(present.get(k) == v for k, v in (annotations or {}).items()):
                 written = current
                 return False
             requests[matches[0]]["numberOfNodes"] = wanted

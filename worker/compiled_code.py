@@ -52,4 +52,3 @@ def compile_once(packages: Sequence[str] = ("workflows",)) -> None:
             finder.packages = finder.packages | frozenset(packages)
             return
     sys.meta_path.insert(0, _CompiledOnceFinder(frozenset(packages)))
-
