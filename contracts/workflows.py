@@ -163,6 +163,14 @@ class WorkerSlotSpec(BaseModel):
         return self.order.nodepool_name(self.instance_type)
 
 
+class FailedAttempt(BaseModel):
+    """The failure an attempt ended with, shown to the tenant again once its host is released."""
+
+    reason: FailureReason
+    message: str
+    time: datetime
+
+
 class WorkerProgress(BaseModel):
     """The worker's carried state: enough to resume after continue-as-new."""
 
@@ -186,6 +194,9 @@ class WorkerProgress(BaseModel):
     # The current attempt's create ended unanswered (timed out, or given up while a scale-down asked
     # to cancel it): it may yet make the slot's BMI, so the release looks for it once it cannot.
     create_unsettled: bool = False
+    # A failed attempt's release under way: a release can outlast a run (a drain that hangs), so the
+    # next run finishes it, then backs off from this failure before the next attempt.
+    releasing_failed_attempt: FailedAttempt | None = None
 
 
 class WorkerRevision(IntEnum):

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.workflows import (
         AgentRegistered,
+        FailedAttempt,
         WorkerNodeInput,
         WorkerNodeResult,
         WorkerOutcome,
@@ -90,6 +91,8 @@ class WorkerPatch(StrEnum):
     # A teardown that keeps waiting (a drain that hangs, a release that keeps failing) continues as
     # new when the history grows long, instead of being ended by the server's limit with its host.
     TEARDOWN_CONTINUES_AS_NEW = "teardown-continues-as-new"
+    # So does a failed attempt's release; the next run finishes it before the next attempt.
+    FAILED_RELEASE_CONTINUES_AS_NEW = "failed-release-continues-as-new"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -195,6 +198,9 @@ class WorkerNodeWorkflow:
             workflow.upsert_search_attributes(missing)
 
         while not self._scale_down:
+            if self._progress.releasing_failed_attempt is not None:
+                await self._release_failed_attempt()  # begun by an earlier run
+                continue
             if self._progress.status.phase == WorkerPhase.READY:
                 await self._flush_reports()
                 await workflow.wait_condition(
@@ -457,14 +463,26 @@ class WorkerNodeWorkflow:
         workflow.logger.warning("worker attempt failed: %s", failure)
         workflow.set_current_details(f"Attempt {progress.status.attempt_count} failed: {failure}")
         self._set_phase(WorkerPhase.FAILED)
-        shown = progress.status.model_copy()
+        shown = progress.status
+        assert shown.last_failure_reason is not None and shown.last_failure_message is not None
+        assert shown.last_failure_time is not None
+        progress.releasing_failed_attempt = FailedAttempt(
+            reason=shown.last_failure_reason, message=shown.last_failure_message, time=shown.last_failure_time
+        )
+        await self._release_failed_attempt()
+
+    async def _release_failed_attempt(self) -> None:
+        progress, _ = self._state()
         await self._release_until_done()
+        failed = progress.releasing_failed_attempt
+        assert failed is not None
+        progress.releasing_failed_attempt = None
         # A slow wipe or unbind showed its own reason meanwhile; once released, the attempt's is
         # what the tenant must see until the next attempt.
-        progress.status.last_failure_reason = shown.last_failure_reason
-        progress.status.last_failure_message = shown.last_failure_message
-        progress.status.last_failure_time = shown.last_failure_time
-        backoff = self._policy().backoff(failure.reason, progress.failures_in_a_row)
+        progress.status.last_failure_reason = failed.reason
+        progress.status.last_failure_message = failed.message
+        progress.status.last_failure_time = failed.time
+        backoff = self._policy().backoff(failed.reason, progress.failures_in_a_row)
         progress.status.next_retry_time = workflow.now() + backoff
         await self._report_change()
 
@@ -626,12 +644,15 @@ class WorkerNodeWorkflow:
                 await self._continue_teardown_as_new_if_due()
 
     async def _continue_teardown_as_new_if_due(self) -> None:
-        """A teardown's next run starts it again from the carried progress (the scale-down is in
-        it): each step is idempotent. Not from a failed attempt's release, whose run goes on after."""
-        if (
-            self._tearing_down
-            and workflow.info().is_continue_as_new_suggested()
-            and workflow.patched(WorkerPatch.TEARDOWN_CONTINUES_AS_NEW.value)
+        """A release's next run starts it again from the carried progress (the scale-down, or the
+        failed attempt, is in it): each step is idempotent."""
+        if not workflow.info().is_continue_as_new_suggested():
+            return
+        if self._tearing_down:
+            if workflow.patched(WorkerPatch.TEARDOWN_CONTINUES_AS_NEW.value):
+                await self._continue_as_new()
+        elif self._state()[0].releasing_failed_attempt is not None and workflow.patched(
+            WorkerPatch.FAILED_RELEASE_CONTINUES_AS_NEW.value
         ):
             await self._continue_as_new()
 

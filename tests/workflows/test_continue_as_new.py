@@ -9,11 +9,15 @@ from datetime import timedelta
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
+from contracts.worker import FailureReason, WorkerStatus
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
 from tests.workflows.stack import Stack, eventually, running_stack
+from workflows.worker_node import WorkerNodeWorkflow
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -186,3 +190,51 @@ async def test_a_worker_whose_drain_hangs_continues_as_new_and_still_releases_it
     await eventually(released, f"{worker} released once the drain ended")
     await stack.decommission_and_wait(order)
     assert await stack.audit_violations() == []
+
+
+async def test_a_failed_attempt_whose_release_hangs_continues_as_new_and_tries_again(stack: Stack) -> None:
+    """A failed attempt releases its host before the next attempt. A release that keeps waiting (a
+    drain that hangs, here after the Ready worker's host broke) added to the run's history until the
+    server's limit ended the worker with its host still allocated (found by review). It continues
+    as new; the next run finishes the release, shows the attempt's failure and tries again."""
+    api = stack.with_policy(
+        agent_unbinding_timeout=timedelta(seconds=1), ready_host_check=timedelta(seconds=1)
+    )
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    (ready,) = (await stack.wait_ready(order, 1)).workers
+    assert ready.resource_id is not None
+    worker_id = worker_workflow_id(order, ready.name)
+    (agent,) = [a["metadata"]["name"] for a in await stack.agents(order.namespace)]
+    await stack.set_agent_faults({"hanging_drain": {"agents": [agent]}})
+    try:
+        runs_before = (await _runs(stack, worker_id)).count(WorkflowExecutionStatus.CONTINUED_AS_NEW)
+        broken = f"/lab/v1/baremetal_instances/{ready.resource_id}/break"
+        (await stack.bmaas_http.post(broken)).raise_for_status()
+
+        async def continued_while_releasing() -> bool:
+            runs = await _runs(stack, worker_id)
+            return runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) > runs_before + 1
+
+        await eventually(continued_while_releasing, f"{ready.name} continuing as new while its drain hangs")
+    finally:
+        await stack.clear_agent_faults()
+
+    async def replaced() -> WorkerStatus | None:
+        status = await stack.api.status(order)
+        (worker,) = status.workers
+        return worker if status.ready_workers == 1 and worker.resource_id != ready.resource_id else None
+
+    worker = await eventually(replaced, f"{ready.name} on a new host once the drain ended", timeout=120)
+    assert worker.attempt_count == 2 and worker.last_failure_reason == FailureReason.HOST_LOST
+    wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    assert ready.resource_id in wiped
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.audit_violations() == []
+    # The runs that continued mid-release, and the one that finished it, replay as they ran.
+    replayer = Replayer(workflows=[WorkerNodeWorkflow], data_converter=pydantic_data_converter)
+    runs = [h for h in await stack.histories(order) if h.workflow_id == worker_id]
+    assert len(runs) > runs_before + 2
+    for history in runs:
+        await replayer.replay_workflow(history)
