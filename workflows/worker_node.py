@@ -459,16 +459,10 @@ class WorkerNodeWorkflow:
             progress.failures_in_a_row = 0
         progress.ready_since = None
         progress.failures_in_a_row += 1
-        self._record_failure(failure)
+        progress.releasing_failed_attempt = self._record_failure(failure)
         workflow.logger.warning("worker attempt failed: %s", failure)
         workflow.set_current_details(f"Attempt {progress.status.attempt_count} failed: {failure}")
         self._set_phase(WorkerPhase.FAILED)
-        shown = progress.status
-        assert shown.last_failure_reason is not None and shown.last_failure_message is not None
-        assert shown.last_failure_time is not None
-        progress.releasing_failed_attempt = FailedAttempt(
-            reason=shown.last_failure_reason, message=shown.last_failure_message, time=shown.last_failure_time
-        )
         await self._release_failed_attempt()
 
     async def _release_failed_attempt(self) -> None:
@@ -479,9 +473,7 @@ class WorkerNodeWorkflow:
         progress.releasing_failed_attempt = None
         # A slow wipe or unbind showed its own reason meanwhile; once released, the attempt's is
         # what the tenant must see until the next attempt.
-        progress.status.last_failure_reason = failed.reason
-        progress.status.last_failure_message = failed.message
-        progress.status.last_failure_time = failed.time
+        self._show_failure(failed)
         backoff = self._policy().backoff(failed.reason, progress.failures_in_a_row)
         progress.status.next_retry_time = workflow.now() + backoff
         await self._report_change()
@@ -610,11 +602,18 @@ class WorkerNodeWorkflow:
         await gone
         self._deleted_delivered = deleted
 
-    def _record_failure(self, failure: AttemptFailed) -> None:
+    def _record_failure(self, failure: AttemptFailed) -> FailedAttempt:
+        shown = FailedAttempt(
+            reason=failure.reason, message=TENANT_MESSAGES[failure.reason], time=workflow.now()
+        )
+        self._show_failure(shown)
+        return shown
+
+    def _show_failure(self, shown: FailedAttempt) -> None:
         progress, _ = self._state()
-        progress.status.last_failure_reason = failure.reason
-        progress.status.last_failure_message = TENANT_MESSAGES[failure.reason]
-        progress.status.last_failure_time = workflow.now()
+        progress.status.last_failure_reason = shown.reason
+        progress.status.last_failure_message = shown.message
+        progress.status.last_failure_time = shown.time
 
     async def _unbind(self, agent: AgentRef) -> None:
         progress, slot = self._state()
