@@ -198,8 +198,8 @@ class WorkerNodeWorkflow:
             workflow.upsert_search_attributes(missing)
 
         while not self._scale_down:
-            if self._progress.releasing_failed_attempt is not None:
-                await self._release_failed_attempt()  # begun by an earlier run
+            if (failed := self._progress.releasing_failed_attempt) is not None:
+                await self._release_failed_attempt(failed)  # begun by an earlier run
                 continue
             if self._progress.status.phase == WorkerPhase.READY:
                 await self._flush_reports()
@@ -459,17 +459,15 @@ class WorkerNodeWorkflow:
             progress.failures_in_a_row = 0
         progress.ready_since = None
         progress.failures_in_a_row += 1
-        progress.releasing_failed_attempt = self._record_failure(failure)
+        failed = progress.releasing_failed_attempt = self._record_failure(failure)
         workflow.logger.warning("worker attempt failed: %s", failure)
         workflow.set_current_details(f"Attempt {progress.status.attempt_count} failed: {failure}")
         self._set_phase(WorkerPhase.FAILED)
-        await self._release_failed_attempt()
+        await self._release_failed_attempt(failed)
 
-    async def _release_failed_attempt(self) -> None:
+    async def _release_failed_attempt(self, failed: FailedAttempt) -> None:
         progress, _ = self._state()
         await self._release_until_done()
-        failed = progress.releasing_failed_attempt
-        assert failed is not None
         progress.releasing_failed_attempt = None
         # A slow wipe or unbind showed its own reason meanwhile; once released, the attempt's is
         # what the tenant must see until the next attempt.
@@ -513,7 +511,7 @@ class WorkerNodeWorkflow:
                     self._record_failure(failure)
                     await self._report_change()
                 await workflow.sleep(self._policy().backoff(FailureReason.INTERNAL_ERROR, failures))
-                await self._continue_teardown_as_new_if_due()
+                await self._continue_release_as_new_if_due()
 
     async def _release_resources(self) -> None:
         """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
@@ -640,9 +638,9 @@ class WorkerNodeWorkflow:
                 # Stay in Unbinding with the reason visible, and keep waiting.
                 self._record_failure(failure)
                 await self._report_change()
-                await self._continue_teardown_as_new_if_due()
+                await self._continue_release_as_new_if_due()
 
-    async def _continue_teardown_as_new_if_due(self) -> None:
+    async def _continue_release_as_new_if_due(self) -> None:
         """A release's next run starts it again from the carried progress (the scale-down, or the
         failed attempt, is in it): each step is idempotent."""
         if not workflow.info().is_continue_as_new_suggested():
