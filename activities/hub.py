@@ -197,8 +197,9 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
             continue  # not a bare-metal request (VM workers are out of scope)
         instance_type = bare_metal.get("instanceType")
         count = request.get("numberOfNodes")
-        if not isinstance(instance_type, str) or not _DNS_LABEL.match(instance_type):
-            invalid.append(f"nodeRequests[{index}]: instance type is not a DNS label")
+        if not isinstance(instance_type, str) or not _DNS_LABEL.fullmatch(instance_type):
+            # fullmatch: `$` alone would let a trailing newline through (a YAML `|` block).
+            invalid.append(f"nodeRequests[{index}]: instance type {instance_type!r} is not a DNS label")
         elif instance_type in seen:
             # Keep the first entry: dropping both would scale a live node set to zero.
             invalid.append(f"nodeRequests[{index}]: duplicate instance type {instance_type}")

@@ -70,7 +70,7 @@ class KeyRing:
                 if not entry:
                     continue
                 key_id, sep, encoded = entry.partition("=")
-                if not sep or not _KEY_ID.match(key_id):
+                if not sep or not _KEY_ID.fullmatch(key_id):
                     raise CodecConfigError(
                         "codec key entries are id=base64 with ids of letters, digits, '.', '_' or '-'"
                     )
@@ -182,7 +182,7 @@ class AesGcmCodec(PayloadCodec):
 
 def generate_key_entry(key_id: str) -> str:
     """A fresh AES-256 key ring entry `id=base64`."""
-    if not _KEY_ID.match(key_id):
+    if not _KEY_ID.fullmatch(key_id):
         raise CodecConfigError("key ids are letters, digits, '.', '_' or '-'")
     return f"{key_id}={base64.b64encode(secrets.token_bytes(32)).decode()}"
 

@@ -119,6 +119,8 @@ def test_key_ring_errors_never_show_key_material() -> None:
         KeyRing.parse(f"k1={good}", encode_key="k2")
     entry = generate_key_entry("2025-06")
     assert KeyRing.parse(entry).encode_key_id == "2025-06"
+    with pytest.raises(CodecConfigError, match="key ids are"):
+        generate_key_entry("2025-06\n")  # `$` alone would let a trailing newline through
 
 
 async def test_rotated_key_file_is_picked_up_without_a_restart(tmp_path: Path) -> None:

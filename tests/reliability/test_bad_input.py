@@ -432,6 +432,11 @@ async def order_non_dns_instance_type(ctx: Ctx) -> Seen:
     return await _rejected_order(ctx, [{"numberOfNodes": 1, "bareMetal": {"instanceType": "BM_Standard"}}])
 
 
+async def order_instance_type_with_a_trailing_newline(ctx: Ctx) -> Seen:
+    """What a YAML `|` block makes of a name: rejected with the field, not taken for a DNS label."""
+    return await _rejected_order(ctx, [{"numberOfNodes": 1, "bareMetal": {"instanceType": "bm-standard\n"}}])
+
+
 async def order_missing_pull_secret(ctx: Ctx) -> Seen:
     order = await ctx.managed_order(bare_metal(bm_standard=1), pullSecret=None)
 
@@ -828,7 +833,13 @@ ROWS = [
         "order-non-dns-instance-type",
         "ClusterOrder condition",
         order_non_dns_instance_type,
-        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type is not a DNS label",),
+        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type 'BM_Standard' is not a DNS label",),
+    ),
+    Row(
+        "order-instance-type-with-a-trailing-newline",
+        "ClusterOrder condition",
+        order_instance_type_with_a_trailing_newline,
+        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type 'bm-standard\\n' is not a DNS label",),
     ),
     Row(
         "order-missing-pull-secret",
