@@ -405,6 +405,8 @@ class ClusterOrderController:
                 return None
             observed = status.node_sets
         else:
+            if await self._stopped_run_may_hold_hosts(ref, obj, state):
+                return self._decommission_poll
             if problem is None:
                 problem = self._name_taken(ref, obj)
             if problem is None:
@@ -566,10 +568,11 @@ class ClusterOrderController:
             ControllerCondition.WORKERS_WORKFLOW_STOPPED,
             ConditionStatus.TRUE,
             state.value,
-            f"The workers workflow {cluster_workflow_id(ref)} ended {state.value}; its hosts may still be"
-            " allocated. An operator must check it (temporal workflow describe) before the controller"
-            " acts on this order again; a deleting order keeps its finalizer until this condition is"
-            " removed.",
+            f"The workers workflow {cluster_workflow_id(ref)} ended {state.value}; its workers keep"
+            " their hosts. Until an operator has looked (temporal workflow describe), nothing is started"
+            " for this order and a deleting order keeps its finalizer: temporal workflow reset resumes"
+            " the run with its workers; otherwise release the hosts, delete the run (temporal workflow"
+            " delete) and remove this condition.",
             obj,
         )
 
@@ -588,43 +591,55 @@ class ClusterOrderController:
         obj = await self._orders.get(ref)
         if obj is None:
             return None
-        stopped = condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
-        if stopped is not None and stopped.get("reason") != ConditionReason.HOSTS_STILL_ALLOCATED:
-            log.warning(
-                "order %s: deleting, its workers workflow is %s after it ended %s; the finalizer stays"
-                " until an operator removes the condition %s",
-                ref.key,
-                state.value,
-                stopped.get("reason"),
-                ControllerCondition.WORKERS_WORKFLOW_STOPPED.value,
-            )
-            return None
-        held = await self._order_bmis(ref)
-        if held:
-            log.error(
-                "order %s: deleting, no workers workflow runs (%s) but BMaaS still lists its BMIs %s;"
-                " finalizer kept",
-                ref.key,
-                state.value,
-                ", ".join(held),
-            )
-            await self._orders.set_condition(
-                ref,
-                ControllerCondition.WORKERS_WORKFLOW_STOPPED,
-                ConditionStatus.TRUE,
-                ConditionReason.HOSTS_STILL_ALLOCATED,
-                f"No workers workflow runs for this order ({cluster_workflow_id(ref)}: {state.value}), yet"
-                f" BMaaS still lists its BareMetalInstances {', '.join(held)}. The finalizer stays until"
-                " they are released and wiped; an operator must find what holds them (temporal workflow"
-                f" list --query \"OsacClusterOrder='{ref.key}'\").",
-                obj,
-            )
+        if await self._stopped_run_may_hold_hosts(ref, obj, state):
             return self._decommission_poll
         await self._orders.remove_finalizer(ref)
         self._finish_waiters.pop(key, None)
         self.stats.finalized += 1
         log.info("order %s: workers decommissioned; finalizer removed", ref.key)
         return None
+
+    async def _stopped_run_may_hold_hosts(self, ref: OrderRef, obj: KubeObject, state: WorkflowState) -> bool:
+        """Whether an order with no running workflow (absent or completed) must wait for an operator
+        before the controller starts a workflow for it or removes its finalizer: its last run ended
+        abnormally (the condition stays until an operator removes it, even once retention purged
+        the run), or it was managed and BMaaS still lists BMIs of it (a purged run's abandoned
+        workers hold them: a new run would number its slots from 0 and allocate a second set)."""
+        stopped = condition_of(obj, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
+        if stopped is not None and stopped.get("reason") != ConditionReason.HOSTS_STILL_ALLOCATED:
+            log.warning(
+                "order %s: its workers workflow is %s after it ended %s; nothing is started or finalized"
+                " until an operator removes the condition %s",
+                ref.key,
+                state.value,
+                stopped.get("reason"),
+                ControllerCondition.WORKERS_WORKFLOW_STOPPED.value,
+            )
+            return True
+        if FINALIZER not in finalizers(obj):
+            return False  # never managed: no workflow of ours ever allocated for it
+        held = await self._order_bmis(ref)
+        if not held:
+            return False
+        log.error(
+            "order %s: no workers workflow runs (%s) but BMaaS still lists its BMIs %s; nothing is"
+            " started or finalized",
+            ref.key,
+            state.value,
+            ", ".join(held),
+        )
+        await self._orders.set_condition(
+            ref,
+            ControllerCondition.WORKERS_WORKFLOW_STOPPED,
+            ConditionStatus.TRUE,
+            ConditionReason.HOSTS_STILL_ALLOCATED,
+            f"No workers workflow runs for this order ({cluster_workflow_id(ref)}: {state.value}), yet"
+            f" BMaaS still lists its BareMetalInstances {', '.join(held)}. No workflow is started and a"
+            " deleting order keeps its finalizer until they are released and wiped; an operator must"
+            f" find what holds them (temporal workflow list --query \"OsacClusterOrder='{ref.key}'\").",
+            obj,
+        )
+        return True
 
     async def _deleting_without_finalizer(self, ref: OrderRef) -> None:
         """A deleting order without our finalizer: a workflow still running for it was started

@@ -1,7 +1,7 @@
 """Restart safety: two controllers at once, and a controller restarted around a change, start one
 workflow and apply each change once (the workflow's history shows every accepted update); a start
-racing another controller's finalization, and drift a resync must heal although its update id was
-used before."""
+racing another controller's finalization, drift a resync must heal although its update id was
+used before, and a stopped run purged by retention while its workers hold their hosts."""
 
 from __future__ import annotations
 
@@ -21,8 +21,12 @@ from tests.starter.harness import (
     finalizers,
     get_order,
     patch_order,
+    purge_cluster_workflow,
+    release_hosts,
+    remove_condition,
     run_id,
     start_controller,
+    terminate_cluster_workflow,
     update_names,
     wait_condition,
     wait_observed,
@@ -198,3 +202,57 @@ async def test_a_resync_heals_drift_back_to_a_state_seen_earlier_in_the_generati
         await eventually(healed, "the workflow back at the order's 2 workers, without the named one", 120)
         accepted = condition(await get_order(stack, order), "NodeRequestsValid") or {}
         assert accepted.get("status") == "True" and accepted.get("observedGeneration") == 2
+
+
+async def test_a_stopped_run_purged_by_retention_is_not_replaced_while_its_workers_hold_hosts(
+    stack: Stack,
+) -> None:
+    """A resync finds no workflow for a live order whose run was terminated and then purged, while
+    its abandoned worker still holds its host: a new run would number its slots from 0 again and
+    allocate a second set. Nothing starts until an operator removed the condition, nor while BMaaS
+    lists a BMI of the order; once the hosts are released, the order starts afresh."""
+    async with controller(stack, resync_seconds=2.0) as running:
+        order = await create_order(stack, bare_metal(bm_standard=1))
+        await wait_ready(stack, order, 1)
+        await wait_condition(stack, order, "NodeRequestsValid", "True")
+        await terminate_cluster_workflow(stack, order)
+        stopped = await wait_condition(stack, order, "WorkersWorkflowStopped", "True")
+        assert stopped["reason"] == WorkflowState.TERMINATED.value
+        assert "temporal workflow reset" in stopped["message"]
+        await purge_cluster_workflow(stack, order)
+        held = [bmi["id"] for bmi in await stack.bmis(order)]
+        assert len(held) == 1
+
+        async def resyncs_pass(count: int = 3) -> None:
+            start = running.controller.stats.reconciles
+
+            async def passed() -> bool:
+                return running.controller.stats.reconciles >= start + count
+
+            await eventually(passed, f"{count} more reconciles of {order.key}")
+
+        async def nothing_started() -> None:
+            assert await workflow_state(stack, order) == WorkflowState.ABSENT, "a new run was started"
+            assert [bmi["id"] for bmi in await stack.bmis(order)] == held
+
+        await resyncs_pass()
+        await nothing_started()
+        cond = condition(await get_order(stack, order), "WorkersWorkflowStopped") or {}
+        assert cond.get("reason") == WorkflowState.TERMINATED.value
+
+        # The operator looked and removed the condition, but the abandoned worker holds its host.
+        await remove_condition(stack, order, "WorkersWorkflowStopped")
+        allocated = await wait_condition(stack, order, "WorkersWorkflowStopped", "True")
+        assert allocated["reason"] == "HostsStillAllocated"
+        await resyncs_pass()
+        await nothing_started()
+
+        # Released: the order starts afresh, on a new host, and the condition goes.
+        await release_hosts(stack, order)
+        await wait_ready(stack, order, 1)
+
+        async def cleared() -> bool:
+            return condition(await get_order(stack, order), "WorkersWorkflowStopped") is None
+
+        await eventually(cleared, "WorkersWorkflowStopped cleared once the order runs again")
+        assert [bmi["id"] for bmi in await stack.bmis(order)] != held
