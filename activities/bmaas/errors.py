@@ -51,7 +51,9 @@ _BY_HTTP_STATUS: dict[int, BmaasErrorType] = {
     400: BmaasErrorType.INVALID_ARGUMENT,
     401: BmaasErrorType.UNAUTHENTICATED,
     403: BmaasErrorType.PERMISSION_DENIED,
-    404: BmaasErrorType.NOT_FOUND,
+    # No 404: NotFound is "gone" to a release (the host counted wiped), so only the gateway's own
+    # code 5 says it. A bare 404 (a proxy's page while a route is re-created) is retried instead.
+    404: BmaasErrorType.UNAVAILABLE,
     # A 409 without a gRPC code is a version conflict (ABORTED); ALREADY_EXISTS always carries code 6.
     409: BmaasErrorType.CONFLICT,
     501: BmaasErrorType.UNIMPLEMENTED,

@@ -31,6 +31,8 @@ from contracts.refs import OrderRef
         (401, 16, BmaasErrorType.UNAUTHENTICATED, True),
         (403, 7, BmaasErrorType.PERMISSION_DENIED, True),
         (404, 5, BmaasErrorType.NOT_FOUND, True),
+        # A 404 from whatever is in front of the service (no gateway code) never says a BMI is gone.
+        (404, None, BmaasErrorType.UNAVAILABLE, False),
         (409, 6, BmaasErrorType.ALREADY_EXISTS, True),
         (409, 10, BmaasErrorType.CONFLICT, False),
         (409, None, BmaasErrorType.CONFLICT, False),
@@ -50,6 +52,12 @@ def test_error_taxonomy(status: int, code: int | None, expected: BmaasErrorType,
     assert err.non_retryable is non_retryable
     if code is not None:
         assert "server says no" in err.message
+
+
+def test_a_404_page_without_the_gateway_code_is_not_taken_for_a_deleted_bmi() -> None:
+    page = "<html><body><h1>404 Not Found</h1></body></html>"
+    err = error_from_response("DELETE /baremetal_instances/abc", 404, page)
+    assert not err.is_not_found and not err.non_retryable
 
 
 def test_error_messages_are_redacted_and_bounded() -> None:
