@@ -424,15 +424,16 @@ class BmaasActivities:
         in the heartbeat details and the wait goes on: stuck is never gone. With `delete_first`, the
         BMI is deleted first (again on a retry: a delete of a DELETING or gone BMI changes nothing).
         """
+        # The pace starts now: a delete slow to answer is followed at once by the first heartbeat,
+        # which the heartbeat timeout counts from the start of the attempt.
+        every = self._tick()
+        beat = Heartbeat(every)
         if req.delete_first:
             await self.delete_instance(InstanceRef(bmi_id=req.bmi_id))
         was_stuck = False
         started = _now()
         first_seen_deleting: datetime | None = _previous_deleting_since()
         stuck_after = timedelta(seconds=req.stuck_after_seconds)
-
-        every = self._tick()
-        beat = Heartbeat(every)
 
         def progress(obs: Observed, streaming: bool) -> None:
             # Every observation is judged (stuck, deleting since); only the heartbeats are paced.

@@ -66,6 +66,23 @@ class BmaasLifeWorkflow:
         return LifeOutcome(macs=running.macs)
 
 
+SLOW_DELETE_HEARTBEAT = timedelta(seconds=6)
+
+
+@workflow.defn(sandboxed=False)
+class BmaasReleaseWorkflow:
+    """One wait for a BMI gone that deletes it first, as a worker's release does."""
+
+    @workflow.run
+    async def run(self, bmi_id: str) -> None:
+        await workflow.execute_activity_method(
+            BmaasActivities.wait_instance_gone,
+            WaitInstanceGoneInput(bmi_id=bmi_id, delete_first=True),
+            start_to_close_timeout=WAIT,
+            heartbeat_timeout=SLOW_DELETE_HEARTBEAT,
+        )
+
+
 async def _run(
     harness: Harness, env: WorkflowEnvironment, req: CreateWorkerInstanceInput, workflow_id: str | None = None
 ) -> LifeOutcome:
@@ -118,3 +135,42 @@ async def test_paced_heartbeats_keep_a_wait_longer_than_its_heartbeat_timeout_al
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert len(started) == 4 and all(a.attempt == 1 for a in started)  # no heartbeat timed out
+
+
+async def test_a_slow_delete_does_not_cost_the_wait_for_the_wipe_its_attempt(
+    harness: Harness, temporal_env: WorkflowEnvironment
+) -> None:
+    # The heartbeat timeout counts from the attempt's start. A delete answered two thirds of it
+    # later must be followed by a heartbeat at once, not a tick (a third) after it.
+    harness.acts.heartbeat_interval = 60.0
+    await harness.lab.timings(boot_s=0.2, wipe_s=3.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    await harness.run(
+        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    )
+    slow = SLOW_DELETE_HEARTBEAT.total_seconds() * 3 / 4
+    await harness.lab.faults(routes={"DELETE /api/private/v1/baremetal_instances/{id}": {"latency_s": slow}})
+    queue = f"bmaas-{uuid.uuid4().hex[:8]}"
+    workflow_id = f"bmaas-slow-delete-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        temporal_env.client,
+        task_queue=queue,
+        workflows=[BmaasReleaseWorkflow],
+        activities=harness.acts.all(),
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        await temporal_env.client.execute_workflow(
+            BmaasReleaseWorkflow.run,
+            created.instance.id,
+            id=workflow_id,
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=120),
+        )
+    assert await harness.lab.get_bmi(created.instance.id) is None
+    history = await temporal_env.client.get_workflow_handle(workflow_id).fetch_history()
+    started = [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert [a.attempt for a in started] == [1]  # no heartbeat timed out
