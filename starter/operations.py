@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from activities.hub import order_facts
+from activities.kube import HubApiError
 from contracts.hub import ConditionStatus, OrderFacts
 from contracts.refs import OrderRef
 from contracts.workflows import (
@@ -32,6 +33,7 @@ from starter.orders import (
     FINALIZER,
     ControllerCondition,
     HubOrders,
+    OrderChangeError,
     condition_of,
     confirmed,
     finalizers,
@@ -172,7 +174,15 @@ class OrderOperations:
         if obj is None:
             self._warn(f"no ClusterOrder {order.key} on the hub: only the workflow's count was lowered")
             return lowered
-        return await self._lower_order_count(order, lowered)
+        try:
+            return await self._lower_order_count(order, lowered)
+        except (OrderChangeError, HubApiError) as err:
+            # The worker is gone either way: the operator must know the order still asks for it.
+            raise CommandError(
+                f"worker {worker} is released (it leaves and BMaaS wipes its host), but ClusterOrder"
+                f" {order.key} could not be lowered to match ({err}): lower its {lowered.name} node request"
+                " by one, or the controller provisions a replacement"
+            ) from err
 
     async def _lower_order_count(self, order: OrderRef, lowered: NodeSetRequest) -> NodeSetRequest:
         """One fewer than the order asks for now, not the workflow's count: a tenant's edit the

@@ -92,3 +92,23 @@ async def test_a_named_scale_down_lowers_the_count_the_order_asks_for_now(
     assert (lowered.name, lowered.count) == ("bm-standard", 4)
     assert count_of(await get_order(stack, ref), "bm-standard") == 4
     await only_workers(stack, ref, {ref.worker_name(0), ref.worker_name(1)})
+
+
+async def test_a_named_scale_down_whose_order_write_fails_says_the_worker_is_released(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """The worker leaves, but the hub refuses the lower count: the operator is told both, and what to
+    do, instead of only the hub's error (which read as if nothing had happened)."""
+    ref = await create_order(stack, bare_metal(bm_standard=2))
+    await wait_ready(stack, ref, 2)
+    refused = {"errors": [{"code": 500, "verbs": ["update", "patch"], "resources": ["clusterorders"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=refused)).raise_for_status()
+    try:
+        with pytest.raises(CommandError) as err:
+            await operations(stack, ctl).scale_down_worker(ref, ref.worker_name(1))
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    message = str(err.value)
+    assert f"worker {ref.worker_name(1)} is released" in message
+    assert "lower its bm-standard node request by one" in message
+    await only_workers(stack, ref, {ref.worker_name(0)})
