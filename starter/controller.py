@@ -43,7 +43,9 @@ it was in earlier in the generation (a named scale-down whose order write was lo
 server already completed, and is answered without the update running: when the workflow's node sets
 still differ from the order's afterwards, the change is sent again under an id naming the run and
 its history length. A workflow that ended abnormally (failed, terminated) is never replaced behind
-an operator's back: the order gets `WorkersWorkflowStopped=True` and keeps its finalizer.
+an operator's back: the order gets `WorkersWorkflowStopped=True` and keeps its finalizer, and once
+retention purged the run, nothing is started for the order while it shows that condition, nor, for
+an order with our finalizer, while BMaaS lists BMIs of it (the purged run's abandoned workers).
 """
 
 from __future__ import annotations
