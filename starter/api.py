@@ -15,6 +15,7 @@ Wire contract (what a Go caller needs; JSON Schemas of every payload are in `sch
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
@@ -71,6 +72,14 @@ class WorkflowState(StrEnum):
             WorkflowState.TERMINATED,
             WorkflowState.TIMED_OUT,
         )
+
+
+@dataclass(frozen=True)
+class LatestRun:
+    """An order's latest workers workflow run: its state, and its id (None when there is none)."""
+
+    state: WorkflowState
+    run_id: str | None = None
 
 
 _STATES = {
@@ -188,15 +197,20 @@ class WorkersApi:
         )
         return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
 
-    async def workflow_state(self, order: OrderRef) -> WorkflowState:
-        """The latest run's state, from the server (needs no worker)."""
+    async def latest_run(self, order: OrderRef) -> LatestRun:
+        """The latest run's state and id, from the server (needs no worker)."""
         try:
             description = await self.handle(order).describe()
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
-                return WorkflowState.ABSENT
+                return LatestRun(WorkflowState.ABSENT)
             raise
-        return _STATES.get(description.status or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
+        state = _STATES.get(description.status or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
+        return LatestRun(state, description.run_id)
+
+    async def workflow_state(self, order: OrderRef) -> WorkflowState:
+        """The latest run's state, from the server (needs no worker)."""
+        return (await self.latest_run(order)).state
 
     async def scale(
         self, order: OrderRef, node_set: str, count: int, *, confirm_scale_down: bool = False

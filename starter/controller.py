@@ -158,14 +158,17 @@ def apply_id(
     observed: Sequence[NodeSetRequest] | None,
     state: WorkflowState,
     confirm: bool = False,
+    closed_run: str | None = None,
 ) -> str:
     """The update id of one change: the same for every controller that saw the same situation.
 
-    A confirmation changes the id: a change refused without it can be sent again with it."""
+    A confirmation changes the id: a change refused without it can be sent again with it. A start
+    after a completed run names that run: the server answers an id a closed run completed from that
+    run, and would start nothing (a second `decommission --force` in one generation)."""
 
     def digest(sets: Sequence[NodeSetRequest] | None) -> str:
         if sets is None:
-            return state.value
+            return f"{state.value}:{closed_run}" if closed_run else state.value
         text = ",".join(f"{n.name}:{n.instance_type}:{n.count}" for n in sorted(sets, key=lambda n: n.name))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -385,7 +388,8 @@ class ClusterOrderController:
             return None
         desired = desired_node_sets(facts)
         problem = order_problem(facts)
-        state = await self._api.workflow_state(ref)
+        latest = await self._api.latest_run(ref)
+        state = latest.state
         observed: Sequence[NodeSetRequest] | None = None
         if state.closed_abnormally:
             await self._workflow_stopped(ref, state, obj)
@@ -426,7 +430,8 @@ class ClusterOrderController:
         # Two controllers that saw the same workflow state and the same order send the same
         # update id: the server applies the change once.
         confirm = confirmed(obj)
-        update_id = apply_id(facts.uid, generation(obj), desired, observed, state, confirm)
+        closed_run = latest.run_id if state == WorkflowState.COMPLETED else None
+        update_id = apply_id(facts.uid, generation(obj), desired, observed, state, confirm, closed_run)
         try:
             await self._apply(ref, desired, update_id, confirm, generation(obj))
         except CommandError as err:

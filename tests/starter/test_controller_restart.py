@@ -256,3 +256,26 @@ async def test_a_stopped_run_purged_by_retention_is_not_replaced_while_its_worke
 
         await eventually(cleared, "WorkersWorkflowStopped cleared once the order runs again")
         assert [bmi["id"] for bmi in await stack.bmis(order)] != held
+
+
+async def test_a_live_order_decommissioned_outside_twice_in_one_generation_starts_again_each_time(
+    stack: Stack,
+) -> None:
+    """`decommission --force` on a live order: the controller starts it afresh once the run is done.
+    The second time in the same generation, the situation (and so the update id) is the same as the
+    first: the server must not answer it from the first run's completed update and start nothing."""
+    async with controller(stack, resync_seconds=2.0):
+        order = await create_order(stack, bare_metal(bm_standard=1))
+        await wait_ready(stack, order, 1)
+        runs = {await run_id(stack, order)}
+        for _ in range(2):
+            await stack.api.decommission(order)
+
+            async def started_again() -> bool:
+                if await workflow_state(stack, order) != WorkflowState.RUNNING:
+                    return False
+                return await run_id(stack, order) not in runs
+
+            await eventually(started_again, f"a new run of {order.key} after the decommission", 120)
+            runs.add(await run_id(stack, order))
+            await wait_ready(stack, order, 1)

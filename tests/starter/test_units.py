@@ -148,9 +148,11 @@ def test_update_ids_are_the_same_for_the_same_change_and_differ_otherwise() -> N
         apply_id("uid-1", 4, [ns("bm-standard", 4)], observed, WorkflowState.RUNNING),
         apply_id("uid-1", 4, desired, [ns("bm-standard", 1)], WorkflowState.RUNNING),
         apply_id("uid-1", 4, desired, None, WorkflowState.ABSENT),
-        apply_id("uid-1", 4, desired, None, WorkflowState.COMPLETED),
+        apply_id("uid-1", 4, desired, None, WorkflowState.COMPLETED, closed_run="run-a"),
+        # Each completed run gets its own: the server answers an id a closed run completed from it.
+        apply_id("uid-1", 4, desired, None, WorkflowState.COMPLETED, closed_run="run-b"),
     }
-    assert one not in others and len(others) == 6
+    assert one not in others and len(others) == 7
 
 
 def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
