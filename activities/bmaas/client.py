@@ -331,7 +331,10 @@ class BmaasClient:
         """Open `GET /events/watch`; yields an iterator of `event` objects once the stream is open.
 
         `idle_timeout` bounds the silence between lines: a half-open connection is then noticed and the
-        caller re-subscribes (and re-lists).
+        caller re-subscribes (and re-lists). It bounds the wait for the answer too, not the call
+        budget: the real gateway answers a subscription only with its first event (see the twin's
+        `watch_headers_with_first_event`), which may be minutes away, and a subscription given up
+        misses what happens until the next one.
         """
         operation = "GET /events/watch"
         params = {"filter": cel_filter} if cel_filter else None
@@ -339,17 +342,17 @@ class BmaasClient:
         timeout = httpx.Timeout(self.timeout, read=idle_timeout)
         async with contextlib.AsyncExitStack() as stack:
             try:
-                async with asyncio.timeout(self.timeout):
-                    resp = await stack.enter_async_context(
-                        self._http.stream(
-                            "GET",
-                            PRIVATE_PREFIX + "/events/watch",
-                            params=params,
-                            headers=self._headers(token),
-                            timeout=timeout,
-                        )
+                resp = await stack.enter_async_context(
+                    self._http.stream(
+                        "GET",
+                        PRIVATE_PREFIX + "/events/watch",
+                        params=params,
+                        headers=self._headers(token),
+                        timeout=timeout,
                     )
-                    if resp.status_code >= 300:
+                )
+                if resp.status_code >= 300:
+                    async with asyncio.timeout(self.timeout):
                         raw = await resp.aread()
             except _TRANSPORT_ERRORS as exc:
                 raise transport_error(operation, exc) from None

@@ -16,6 +16,7 @@ resets it to no faults):
       "no_free_hosts": false,            # allocation finds nothing: the BMI ends FAILED
       "wipe_failure_rate": 0.0,          # share of wipes that fail (host quarantined for good)
       "wipe_failure_hosts": [],          # host ids whose wipe always fails
+      "watch_headers_with_first_event": false,  # the real gateway: a watch answers with its first event
       "seed": 0                          # given: reseeds the fault RNG now; answers show the last seed
     }
 
@@ -62,6 +63,10 @@ class FaultConfig(BaseModel):
     no_free_hosts: bool = False
     wipe_failure_rate: float = Field(default=0.0, ge=0, le=1)
     wipe_failure_hosts: list[str] = Field(default_factory=list)
+    # The real gateway's watch: grpc-gateway writes the HTTP status and headers with the stream's
+    # first message (the upstream Watch never sends gRPC headers before its first event), so a
+    # subscription answers nothing until an event matches. Off by default: the twin answers at once.
+    watch_headers_with_first_event: bool = False
     seed: int | None = None
 
     @field_validator("routes")

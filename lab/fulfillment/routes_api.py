@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Send
 
 from lab.fulfillment.catalog import CatalogStore
 from lab.fulfillment.celfilter import compile_filter
@@ -123,6 +124,21 @@ def _catalog_routes(router: APIRouter, path: str, store_of: Any, caller_dep: Any
         return {}
 
 
+class GatewayStreamingResponse(StreamingResponse):
+    """A server stream as grpc-gateway answers it: the status and headers go out with the first
+    message, not before."""
+
+    async def stream_response(self, send: Send) -> None:
+        chunks = aiter(self.body_iterator)
+        first = await anext(chunks, None)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if first is not None:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 async def _event_lines(lab: FulfillmentLab, sub: Subscription) -> AsyncIterator[bytes]:
     try:
         while (event := await sub.next()) is not None:
@@ -162,7 +178,12 @@ def private_router() -> APIRouter:
         lab = get_lab(request)
         # Subscribed before the answer starts: a client that lists after connecting misses nothing.
         sub = lab.bus.subscribe(compile_filter(filter, "event"))
-        return StreamingResponse(_event_lines(lab, sub), media_type="application/json")
+        answer = (
+            GatewayStreamingResponse
+            if lab.faults.config.watch_headers_with_first_event
+            else StreamingResponse
+        )
+        return answer(_event_lines(lab, sub), media_type="application/json")
 
     return router
 

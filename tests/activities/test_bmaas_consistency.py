@@ -334,3 +334,32 @@ async def _cancel(task: asyncio.Future[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
+
+
+async def test_a_subscription_the_gateway_answers_only_with_its_first_event_is_kept(harness: Harness) -> None:
+    """The real gateway writes a watch's status and headers with its first event. A subscription
+    that outlasts the call budget in a quiet time is kept, not given up and made again: the stream
+    would miss whatever happens between two subscriptions, and the process would poll instead."""
+    h = harness
+    await h.lab.faults(watch_headers_with_first_event=True)
+    client = BmaasClient(h.twin.url, h.token_file, timeout=1.0)
+    watcher = BmiWatcher(client, poll_initial=0.1, poll_max=0.5, reconnect_initial=0.05, reconnect_max=0.3)
+    route = "GET /api/private/v1/events/watch"
+    before = (await h.lab.stats()).get(route, 0)
+    watcher.start()
+    try:
+        # A quiet time of three call budgets, deliberately: no event, so nothing answers the watch.
+        await asyncio.sleep(3.0)
+        assert not watcher.streaming
+        created = await h.run(h.acts.create_worker_instance, h.slot(0))
+        await watcher.wait_streaming(20.0)  # answered with the BMI's first event
+        assert watcher.stats.subscriptions == 1
+        assert (await h.lab.stats()).get(route, 0) - before == 1, "the subscription was given up"
+
+        async def known() -> bool:
+            return watcher.observed(created.instance.id) is not None
+
+        await wait_for(known, what="the new BMI known to the watcher")
+    finally:
+        await watcher.stop()
+        await client.aclose()
