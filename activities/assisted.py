@@ -1143,6 +1143,30 @@ class AssistedActivities:
             agent, await self._kube.get_optional(AGENTS, agent.namespace, agent.name)
         )
 
+    async def _withdraw_unclaimed(self, ref: AgentRef, current: KubeObject | None) -> KubeObject | None:
+        """An Agent handed to the NodePool but not claimed yet loses its approval before the replicas
+        go down, by a compare-and-swap that finds it still unclaimed: the provider claims only
+        approved Agents and knows nothing of our removal label, so a Machine CAPI keeps could claim
+        it after the count went down, and the release would delete a claimed Agent or wait for an
+        unbinding that never comes. Returns the Agent as it is now (None: gone)."""
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            if current is None or agent_claimed(current) or dig(current, "spec", "approved") is not True:
+                return current
+            patch = {
+                "metadata": {"resourceVersion": meta(current).get("resourceVersion")},
+                "spec": {"approved": False},
+            }
+            try:
+                return await self._kube.patch(AGENTS, ref.namespace, ref.name, patch)
+            except HubNotFound:
+                return None
+            except HubConflict:
+                await asyncio.sleep(conflict_backoff(attempt))
+                current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
+        raise still_conflicting(
+            AGENTS.kind, ref.namespace, ref.name, f"Agent {ref.namespace}/{ref.name}", MAX_CONFLICT_RETRIES
+        )
+
     async def _mark_removing(self, agent: AgentRef, current: KubeObject | None) -> MarkRemovingResult:
         if current is None:
             return MarkRemovingResult(agent=agent, found=False, changed=False)
@@ -1200,12 +1224,14 @@ class AssistedActivities:
     @activity.defn(name=HubActivity.UNBIND_AGENT.value)
     @delivers_reports
     async def unbind_agent(self, input: UnbindAgentInput) -> ReleasedAgents:
-        """Scale-down of one worker, each step idempotent: annotate its Machine so CAPI deletes that
-        one, mark the Agent as leaving, bring the NodePool's replicas down, wait until the Agent is
+        """Scale-down of one worker, each step idempotent: withdraw the approval of an Agent not
+        claimed yet, annotate its Machine so CAPI deletes that one, mark the Agent as leaving, bring
+        the NodePool's replicas down, wait until the Agent is
         unbound, sync the replicas again for any Agent held back by the removal, then delete the
         Agent and the host's stale registrations.
         Deadline: non-retryable AgentUnbindingTimeout (the workflow shows it and calls again)."""
         current = await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
+        current = await self._withdraw_unclaimed(input.agent, current)
         await annotate_machine(self._kube, input.agent, current)
         await self._mark_removing(input.agent, current)
         await sync_replicas(self._kube, input.nodepool)

@@ -19,6 +19,7 @@ from contracts.hub import (
     InfraEnvRef,
     NodePoolRef,
     ReleaseAgentInput,
+    UnbindAgentInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
     WaitAgentUnboundInput,
@@ -807,3 +808,37 @@ async def test_a_leaving_agents_machine_goes_before_a_newcomer_is_counted(api, a
     api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": None}}})
     second = await kit.run()(api_hub_acts.sync_nodepool_replicas, pool)
     assert (second.replicas, second.agents, second.waiting_for_removal) == (2, ["newcomer", "staying"], [])
+
+
+async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down(api, api_assisted, kit):
+    """A worker scaled down after its hand-off but before the provider claimed its Agent: the Agent
+    is withdrawn (approval off, by a compare-and-swap) before the NodePool's count goes down. The
+    provider claims only approved Agents and knows nothing of our removal label: a Machine CAPI
+    keeps could otherwise claim it after the count went down (found by review)."""
+    api.nodepool("np", SELECTOR, replicas=2)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    api.agent("staying", kit.random_macs(), labels=SELECTOR, approved=True)
+    claim(api, "staying")
+    api.agent("leaving", kit.random_macs(), labels=SELECTOR, approved=True)  # handed, never claimed
+    order = OrderRef(namespace=api.ns, name="order-1")
+    unbind = UnbindAgentInput(
+        agent=AgentRef(namespace=api.ns, name="leaving"),
+        nodepool=pool,
+        deadline=deadline(30),
+        infraenv=InfraEnvRef.for_order(order),
+        order=order,
+    )
+    # The Agent outlives the unbind (its delete refused), so what was done to it can be seen.
+    api.set_faults({"errors": [{"code": 500, "verbs": ["delete"], "resources": ["agents"]}]})
+    try:
+        with pytest.raises(ApplicationError):
+            await kit.run()(api_assisted.unbind_agent, unbind)
+    finally:
+        api.clear_faults()
+    leaving = api.get("Agent", "leaving")
+    assert leaving is not None and leaving["spec"]["approved"] is False
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 1
+    assert api.get("Agent", "staying")["spec"]["approved"] is True  # a claimed Agent is left as it is
+
+    await kit.run()(api_assisted.unbind_agent, unbind)
+    assert api.get("Agent", "leaving") is None
