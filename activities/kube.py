@@ -30,6 +30,7 @@ import logging
 import random
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -735,12 +736,18 @@ class HubKube:
             return result
         floor = _resource_version(fresh)
         known_absent = fresh is None
+        read_at = time.monotonic()
         absent = object()
 
         def check() -> Any:
             obj = informer.get(namespace, name)
             if obj is None:
-                return None if known_absent else absent
+                if known_absent:
+                    return None
+                # The hub had it at the last read: the cache lags behind (its event on the way, or a
+                # watch being made again). Read afresh once a tick, not in a loop that hammers the
+                # hub, never heartbeats and never reaches the deadline.
+                return absent if time.monotonic() - read_at >= tick_seconds else None
             if _older(obj, floor):
                 return None  # the cache has not caught up with the fresh read yet
             return evaluate(obj)
@@ -761,6 +768,7 @@ class HubKube:
             if outcome is not absent:
                 return outcome
             fresh = await self.get_optional(resource, namespace, name)
+            read_at = time.monotonic()
             if fresh is not None:
                 fresh = informer.transform(fresh)
             result = evaluate(fresh)

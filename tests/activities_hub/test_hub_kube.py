@@ -462,3 +462,46 @@ async def test_list_current_lists_metadata_and_takes_up_to_date_objects_from_the
         assert current_requests.pop() == (1, 0)
     finally:
         await kube.close()
+
+
+async def test_a_wait_on_an_object_the_cache_lacks_reads_it_once_a_tick_and_keeps_its_deadline(tmp_path, api):
+    """The hub has the object, the informer's cache does not (its watch and re-list refused): the
+    wait reads it afresh once a tick, not in a loop of GETs that never heartbeats and never reaches
+    its deadline (found by review)."""
+    Api = type(api)
+    hub = start_hub(tmp_path)
+    kube = HubKube.from_kubeconfig(str(hub.kubeconfig))
+    try:
+        with httpx.Client(base_url=hub.url, headers=hub.headers(), timeout=30.0) as client:
+            api = Api(client, "default")
+            informer = kube.informer(SECRETS)
+            api.create("Secret", {"metadata": {"name": "warm-up"}})
+            await informer.wait(lambda: informer.get("default", "warm-up"), tick_seconds=1)
+            # From now on the informer hears nothing: its streams cut, every watch and list refused.
+            refused = {"code": 500, "verbs": ["watch", "list"], "resources": ["secrets"]}
+            api.set_faults({"errors": [refused], "closeWatchesNow": True})
+            api.create("Secret", {"metadata": {"name": "late"}})
+            ticks: list[Any] = []
+            gets = kube.stats.requests["get"]
+            try:
+                with pytest.raises(WaitTimedOut):
+                    await asyncio.wait_for(
+                        kube.wait_object(
+                            SECRETS,
+                            "default",
+                            "late",
+                            lambda obj: (obj or {}).get("data") or None,  # never: it has no data
+                            deadline=datetime.now(UTC) + timedelta(seconds=2),
+                            on_tick=ticks.append,
+                            tick_seconds=0.5,
+                        ),
+                        30,
+                    )
+            finally:
+                api.clear_faults()
+            assert informer.get("default", "late") is None  # the cache never had it
+            assert ticks  # and the wait heartbeat meanwhile
+            assert kube.stats.requests["get"] - gets <= 8  # the first read, then one a tick
+    finally:
+        await kube.close()
+        hub.stop()
