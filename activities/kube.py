@@ -355,6 +355,17 @@ def _object_list(data: KubeObject) -> ObjectList:
     return ObjectList(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
 
 
+def _pooled(configuration: k8s_client.Configuration, max_workers: int) -> k8s_client.ApiClient:
+    """The API client of either way in: room in the pool for every thread plus one watch stream per
+    kind, and only connection set-up retried by urllib3 (its default would send a GET, PUT or DELETE
+    again after a read error behind the caller's back; the activity's retry policy decides)."""
+    configuration.connection_pool_maxsize = max_workers + 8
+    configuration.retries = urllib3.Retry(
+        total=3, connect=3, read=0, status=0, other=0, redirect=0, backoff_factor=0.1
+    )
+    return k8s_client.ApiClient(configuration)
+
+
 class HubKube:
     """The hub's Kubernetes API for the activities: typed errors, a thread pool, shared informers."""
 
@@ -395,22 +406,14 @@ class HubKube:
         k8s_config.load_kube_config(
             config_file=path, context=context, client_configuration=configuration, persist_config=False
         )
-        # Room for every pool thread plus one watch stream per kind.
-        configuration.connection_pool_maxsize = max_workers + 8
-        # Only connection set-up is retried by urllib3: a request that reached the server is never
-        # sent twice behind the caller's back (the activity's retry policy decides).
-        configuration.retries = urllib3.Retry(
-            total=3, connect=3, read=0, status=0, other=0, redirect=0, backoff_factor=0.1
-        )
-        return cls(k8s_client.ApiClient(configuration), max_workers=max_workers, **kwargs)
+        return cls(_pooled(configuration, max_workers), max_workers=max_workers, **kwargs)
 
     @classmethod
     def in_cluster(cls, *, max_workers: int = 16, **kwargs: Any) -> HubKube:
         """The service account of a pod running on the hub itself."""
         configuration = k8s_client.Configuration()
         k8s_config.load_incluster_config(client_configuration=configuration)
-        configuration.connection_pool_maxsize = max_workers + 8
-        return cls(k8s_client.ApiClient(configuration), max_workers=max_workers, **kwargs)
+        return cls(_pooled(configuration, max_workers), max_workers=max_workers, **kwargs)
 
     async def close(self) -> None:
         """Stop the informers, then the pool and the connections."""

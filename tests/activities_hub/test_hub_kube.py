@@ -11,6 +11,7 @@ import httpx
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+import activities.kube as kube_module
 from activities.kube import (
     AGENTS,
     CLUSTER_ORDERS,
@@ -504,4 +505,24 @@ async def test_a_wait_on_an_object_the_cache_lacks_reads_it_once_a_tick_and_keep
             assert kube.stats.requests["get"] - gets <= 8  # the first read, then one a tick
     finally:
         await kube.close()
+        hub.stop()
+
+
+async def test_in_the_cluster_too_a_request_that_reached_the_hub_is_never_sent_again(monkeypatch, tmp_path):
+    """urllib3's default retries would send a GET, PUT or DELETE again after a read error; only
+    connection set-up may be retried, for a pod's service account as for a kubeconfig."""
+
+    def service_account(client_configuration: Any) -> None:  # what a pod's mounted account gives
+        client_configuration.host = "https://172.30.0.1:443"
+
+    monkeypatch.setattr(kube_module.k8s_config, "load_incluster_config", service_account)
+    hub = start_hub(tmp_path)
+    kubes = [HubKube.in_cluster(max_workers=2), HubKube.from_kubeconfig(str(hub.kubeconfig), max_workers=2)]
+    try:
+        for kube in kubes:
+            retries = kube._api.configuration.retries
+            assert (retries.read, retries.status, retries.other, retries.connect) == (0, 0, 0, 3)
+    finally:
+        for kube in kubes:
+            await kube.close()
         hub.stop()
