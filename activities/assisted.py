@@ -1208,7 +1208,10 @@ class AssistedActivities:
         try:
             unbound = await self._wait_agent(ref, evaluate, deadline=input.deadline)
             if input.nodepool is not None and unbound.was_claimed:
-                # Its Machine is gone: handed Agents held back for the removal may now come in.
+                # Its Machine is gone: handed Agents held back for the removal may now come in. The
+                # Agent, unbound, approved and still labelled, goes out of their reach first.
+                current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
+                await self._withdraw_unclaimed(ref, current)
                 await sync_replicas(self._kube, input.nodepool)
         except WaitTimedOut:
             raise error(
@@ -1313,21 +1316,50 @@ class AssistedActivities:
             AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
         )
         result = ReleasedAgents()
-        for agent in sorted(listing.items, key=lambda a: str(meta(a).get("name"))):
-            labels, name = labels_of(agent), str(meta(agent).get("name"))
+
+        def verdict(agent: KubeObject) -> list[str] | None:
+            """Where the Agent goes in `result`; None: not ours to judge (skipped)."""
+            labels = labels_of(agent)
             if meta(agent).get("deletionTimestamp") or not agent_macs(agent) & wanted:
-                continue
+                return None
             if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
-                continue
+                return None
             if input.worker is not None and handed_to(agent, input.worker):
-                result.handed.append(name)
-                continue
+                return result.handed
             spec = agent.get("spec") or {}
             if spec.get("approved") or spec.get("clusterDeploymentName") or WORKER_LABEL in labels:
-                result.kept.append(name)
-                continue
-            await self._kube.delete(AGENTS, ref.namespace, name, uid=meta(agent).get("uid"))
-            result.deleted.append(name)
+                return result.kept
+            return result.deleted
+
+        for listed in sorted(listing.items, key=lambda a: str(meta(a).get("name"))):
+            agent: KubeObject | None = listed
+            name = str(meta(listed).get("name"))
+            for attempt in range(MAX_CONFLICT_RETRIES):
+                where = verdict(agent) if agent is not None else None
+                if where is not result.deleted:
+                    if where is not None:
+                        where.append(name)
+                    break
+                assert agent is not None
+                try:
+                    # On the version judged: a hand-off landing since is never deleted on a stale look.
+                    await self._kube.delete(
+                        AGENTS,
+                        ref.namespace,
+                        name,
+                        uid=meta(agent).get("uid"),
+                        resource_version=meta(agent).get("resourceVersion"),
+                    )
+                except HubConflict:
+                    await asyncio.sleep(conflict_backoff(attempt))
+                    agent = await self._kube.get_optional(AGENTS, ref.namespace, name)
+                    continue
+                result.deleted.append(name)
+                break
+            else:
+                raise still_conflicting(
+                    AGENTS.kind, ref.namespace, name, f"Agent {ref.namespace}/{name}", MAX_CONFLICT_RETRIES
+                )
         return result
 
     @activity.defn(name=HubActivity.DELETE_AGENT.value)

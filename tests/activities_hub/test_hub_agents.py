@@ -19,6 +19,7 @@ from contracts.hub import (
     InfraEnvRef,
     NodePoolRef,
     ReleaseAgentInput,
+    ReleaseStaleAgentsInput,
     UnbindAgentInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
@@ -842,3 +843,70 @@ async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down
 
     await kit.run()(api_assisted.unbind_agent, unbind)
     assert api.get("Agent", "leaving") is None
+
+
+async def test_an_agent_its_machine_let_go_loses_its_approval_before_newcomers_are_counted(
+    api, api_assisted, kit
+):
+    """Once the provider has let the leaving Agent go, the replicas are synced again for the
+    newcomers held back by the removal. The Agent, unbound, approved and still labelled, would be
+    fit for their Machines' claims until it is deleted: its approval goes first (found by review)."""
+    api.nodepool("np", SELECTOR, replicas=1)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    api.agent("leaving", kit.random_macs(), labels=SELECTOR, approved=True)
+    claim(api, "leaving")
+    order = OrderRef(namespace=api.ns, name="order-1")
+    unbind = UnbindAgentInput(
+        agent=AgentRef(namespace=api.ns, name="leaving"),
+        nodepool=pool,
+        deadline=deadline(30),
+        infraenv=InfraEnvRef.for_order(order),
+        order=order,
+    )
+    api.set_faults({"errors": [{"code": 500, "verbs": ["delete"], "resources": ["agents"]}]})
+    try:
+        run = kit.run()
+        task = run.start(api_assisted.unbind_agent, unbind)
+        await run.first_heartbeat()  # waiting for the unbind
+        assert api.get("Agent", "leaving")["spec"]["approved"] is True  # claimed: left as it is
+        # The provider lets it go: its Machine deleted, the host unbound.
+        api.patch(
+            "Agent",
+            "leaving",
+            {"metadata": {"labels": {"agentMachineRef": None}}, "spec": {"clusterDeploymentName": None}},
+        )
+        api.patch(
+            "Agent",
+            "leaving",
+            {
+                "status": {
+                    "debugInfo": {"state": "known-unbound"},
+                    "conditions": [{"type": "Bound", "status": "False", "reason": "Unbound"}],
+                }
+            },
+            status=True,
+        )
+        with pytest.raises(ApplicationError):
+            await asyncio.wait_for(task, 30)  # its delete refused, so what was done can be seen
+    finally:
+        api.clear_faults()
+    assert api.get("Agent", "leaving")["spec"]["approved"] is False
+
+
+async def test_a_stale_registration_is_deleted_on_the_version_judged(api, api_assisted, kit):
+    """The host's stale registrations are deleted on the version they were judged on: an Agent that
+    changed since the list (a hand-off landing meanwhile) is read again and judged afresh, never
+    deleted on the stale look (found by review). A conflict is no failure of the release."""
+    macs = kit.random_macs()
+    api.agent("stale", macs)
+    api.agent("handed", macs, labels=SELECTOR, approved=True)
+    order = OrderRef(namespace=api.ns, name="order-1")
+    stale = ReleaseStaleAgentsInput(infraenv=InfraEnvRef.for_order(order), order=order, macs=macs)
+    # The delete answered 409 once, as when the Agent changed since it was listed.
+    api.set_faults({"errors": [{"code": 409, "verbs": ["delete"], "resources": ["agents"], "limit": 1}]})
+    try:
+        released = await kit.run()(api_assisted.release_stale_agents, stale)
+    finally:
+        api.clear_faults()
+    assert (released.deleted, released.kept) == (["stale"], ["handed"])
+    assert api.get("Agent", "stale") is None and api.get("Agent", "handed") is not None
