@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -848,10 +849,34 @@ class AssistedActivities:
         informer = self._kube.informer(AGENTS)
         # Every Agent _match_agent needs: the ones with the host's MACs and the inventory-less ones.
         keys = [mac_key(mac) for mac in sorted(set(input.macs))] + [NO_INVENTORY_KEY]
+        # The cache view a fresh list last disagreed with, and when: decided again only once the
+        # cache changed or a tick passed, not in a loop of lists that never heartbeats.
+        overruled: tuple[frozenset[tuple[str, str]], float] | None = None
+
+        def view(agents: list[KubeObject]) -> frozenset[tuple[str, str]]:
+            return frozenset((str(meta(a).get("name")), str(meta(a).get("resourceVersion"))) for a in agents)
+
+        def cached_decision() -> bool | None:
+            agents = informer.indexed(namespace, keys)
+            if (
+                overruled is not None
+                and view(agents) == overruled[0]
+                and time.monotonic() - overruled[1] < tick
+            ):
+                return None
+            try:
+                return True if _match_agent(input, agents) is not None else None
+            except ApplicationError as err:
+                # An ambiguity is final (the host is given up): the cache alone may show an Agent
+                # the hub deleted, so the fresh list decides it too.
+                if err.type != HubErrorType.AMBIGUOUS_AGENT_MATCH:
+                    raise
+                return True
+
         while True:
             try:
                 await informer.wait(
-                    lambda: _match_agent(input, informer.indexed(namespace, keys)),
+                    cached_decision,
                     namespace=namespace,
                     keys=keys,
                     deadline=input.deadline,
@@ -873,7 +898,7 @@ class AssistedActivities:
             agent, listed = await self._fresh_match(input)
             if agent is not None:
                 return agent, listed
-            await asyncio.sleep(0.2)  # gone meanwhile: let the cache catch up rather than spin
+            overruled = (view(informer.indexed(namespace, keys)), time.monotonic())
 
     async def _fresh_match(self, input: WaitAgentInput) -> tuple[AgentMatch | None, list[KubeObject]]:
         """_match_agent on the InfraEnv's Agents as the hub holds them now (returned too): see
@@ -1197,7 +1222,7 @@ class AssistedActivities:
             if was_first and not agent_claimed(agent):
                 return AgentUnbound(agent=ref, was_claimed=False, state=agent_state(agent))
             state = agent_state(agent)
-            last["state"] = state
+            last["state"], last["agent"] = state, agent
             released = not dig(agent, "spec", "clusterDeploymentName", "name")
             if released and (
                 AgentState.is_unbound(state) or state == AgentState.UNBINDING_PENDING_USER_ACTION
@@ -1209,9 +1234,9 @@ class AssistedActivities:
             unbound = await self._wait_agent(ref, evaluate, deadline=input.deadline)
             if input.nodepool is not None and unbound.was_claimed:
                 # Its Machine is gone: handed Agents held back for the removal may now come in. The
-                # Agent, unbound, approved and still labelled, goes out of their reach first.
-                current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
-                await self._withdraw_unclaimed(ref, current)
+                # Agent, unbound, approved and still labelled, goes out of their reach first (on the
+                # copy the wait ended on: a stale one costs a conflict and a read).
+                await self._withdraw_unclaimed(ref, last.get("agent"))
                 await sync_replicas(self._kube, input.nodepool)
         except WaitTimedOut:
             raise error(

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import AGENTS, dig
+from activities.assisted import INFRAENV_LABEL
+from activities.kube import AGENTS, HubKube, dig
 from contracts.hub import (
     AgentMatch,
     AgentRef,
@@ -910,3 +912,65 @@ async def test_a_stale_registration_is_deleted_on_the_version_judged(api, api_as
         api.clear_faults()
     assert (released.deleted, released.kept) == (["stale"], ["handed"])
     assert api.get("Agent", "stale") is None and api.get("Agent", "handed") is not None
+
+
+def _cache_missed_deletion(kube: HubKube, obj: dict[str, Any]) -> None:
+    """The Agent informer's cache as a lost DELETED event leaves it until the next re-list."""
+    kube.informer(AGENTS)._apply({"type": "ADDED", "object": obj})
+
+
+def _cache_missed_creation(kube: HubKube, obj: dict[str, Any], seen_until: dict[str, Any]) -> None:
+    """The Agent informer's cache as a lost ADDED event leaves it: without the object, and behind
+    the hub since `seen_until` (the last object it did see)."""
+    informer = kube.informer(AGENTS)
+    informer._store((obj["metadata"]["namespace"], obj["metadata"]["name"]), None)
+    informer._resource_version = seen_until["metadata"]["resourceVersion"]
+
+
+async def _cached(kube: HubKube, namespace: str, name: str, present: bool = True) -> None:
+    informer = kube.informer(AGENTS)
+    await informer.wait(
+        lambda: (informer.get(namespace, name) is not None) == present or None, tick_seconds=0.1
+    )
+
+
+async def test_an_ambiguity_only_the_cache_shows_is_decided_on_a_fresh_list(api, api_assisted, api_kube, kit):
+    """Two Agents with the host's MAC in a lagging cache, one of them deleted on the hub: an
+    ambiguity is final (the host is given up and wiped), so it is never concluded from the cache
+    alone: the fresh list shows one Agent, and that one is the match (found by review)."""
+    macs = kit.random_macs()
+    old = api.agent("old", macs)
+    api.agent("new", macs)
+    await _cached(api_kube, api.ns, "new")
+    api.delete("Agent", "old")
+    await _cached(api_kube, api.ns, "old", present=False)
+    _cache_missed_deletion(api_kube, old)
+    found = await asyncio.wait_for(kit.run()(api_assisted.wait_agent_for_macs, wait_input(api, macs[:1])), 30)
+    assert found.name == "new"
+
+
+async def test_a_cache_the_fresh_list_overrules_is_not_listed_in_a_loop(api, api_assisted, api_kube, kit):
+    """The lagging cache shows one match; the fresh list shows an Agent just registered without its
+    inventory too, so the match waits (the ambiguity guard). The wait asks the hub again once a
+    tick, heartbeating, and ends at its deadline: it listed every 0.2 s, never heartbeated and
+    never reached its deadline (found by review)."""
+    macs = kit.random_macs()
+    registered = api.agent("registered", macs)
+    fresh = api.create(
+        "Agent",
+        {
+            "metadata": {"name": "just-registered", "labels": {INFRAENV_LABEL: "order-1-infraenv"}},
+            "spec": {"approved": False, "role": ""},
+        },
+    )
+    await _cached(api_kube, api.ns, "just-registered")
+    _cache_missed_creation(api_kube, fresh, seen_until=registered)
+    lists = api_kube.stats.requests["list"]
+    run = kit.run()
+    with pytest.raises(ApplicationError) as timed_out:
+        await asyncio.wait_for(
+            run(api_assisted.wait_agent_for_macs, wait_input(api, macs[:1], seconds=2)), 30
+        )
+    assert timed_out.value.type == HubErrorType.AGENT_REGISTRATION_TIMEOUT
+    assert run.heartbeats  # it heartbeat while the hub and its cache disagreed
+    assert api_kube.stats.requests["list"] - lists <= 15  # once a tick (0.2 s) at most, for 2 s
