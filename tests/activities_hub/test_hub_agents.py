@@ -813,6 +813,17 @@ async def test_a_leaving_agents_machine_goes_before_a_newcomer_is_counted(api, a
     assert (second.replicas, second.agents, second.waiting_for_removal) == (2, ["newcomer", "staying"], [])
 
 
+def _unbind_input(api, agent: str, pool: NodePoolRef) -> UnbindAgentInput:
+    order = OrderRef(namespace=api.ns, name="order-1")
+    return UnbindAgentInput(
+        agent=AgentRef(namespace=api.ns, name=agent),
+        nodepool=pool,
+        deadline=deadline(30),
+        infraenv=InfraEnvRef.for_order(order),
+        order=order,
+    )
+
+
 async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down(api, api_assisted, kit):
     """A worker scaled down after its hand-off but before the provider claimed its Agent: the Agent
     is withdrawn (approval off, by a compare-and-swap) before the NodePool's count goes down. The
@@ -823,14 +834,7 @@ async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down
     api.agent("staying", kit.random_macs(), labels=SELECTOR, approved=True)
     claim(api, "staying")
     api.agent("leaving", kit.random_macs(), labels=SELECTOR, approved=True)  # handed, never claimed
-    order = OrderRef(namespace=api.ns, name="order-1")
-    unbind = UnbindAgentInput(
-        agent=AgentRef(namespace=api.ns, name="leaving"),
-        nodepool=pool,
-        deadline=deadline(30),
-        infraenv=InfraEnvRef.for_order(order),
-        order=order,
-    )
+    unbind = _unbind_input(api, "leaving", pool)
     # The Agent outlives the unbind (its delete refused), so what was done to it can be seen.
     api.set_faults({"errors": [{"code": 500, "verbs": ["delete"], "resources": ["agents"]}]})
     try:
@@ -857,14 +861,7 @@ async def test_an_agent_its_machine_let_go_loses_its_approval_before_newcomers_a
     pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
     api.agent("leaving", kit.random_macs(), labels=SELECTOR, approved=True)
     claim(api, "leaving")
-    order = OrderRef(namespace=api.ns, name="order-1")
-    unbind = UnbindAgentInput(
-        agent=AgentRef(namespace=api.ns, name="leaving"),
-        nodepool=pool,
-        deadline=deadline(30),
-        infraenv=InfraEnvRef.for_order(order),
-        order=order,
-    )
+    unbind = _unbind_input(api, "leaving", pool)
     api.set_faults({"errors": [{"code": 500, "verbs": ["delete"], "resources": ["agents"]}]})
     try:
         run = kit.run()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -263,26 +265,16 @@ async def test_informer_resumes_after_cut_and_relists_after_gone(tmp_path, api):
 async def test_informer_keeps_up_when_every_stream_is_cut_after_one_event(tmp_path, api):
     """A hub that cuts each watch after an event must not make the cache fall behind: a stream that
     delivered something is resumed at once (backing off is only for streams that deliver nothing)."""
-    Api = type(api)
-    hub = start_hub(tmp_path)
-    kube = HubKube.from_kubeconfig(str(hub.kubeconfig))
-    try:
-        with httpx.Client(base_url=hub.url, headers=hub.headers(), timeout=30.0) as client:
-            api = Api(client, "default")
-            informer = kube.informer(SECRETS)
-            api.create("Secret", {"metadata": {"name": "first"}})
-            await informer.wait(lambda: informer.get("default", "first"), tick_seconds=1)
-            lists = informer.stats.lists
-            api.set_faults({"watch": {"closeAfterEvents": 1}})
-            for i in range(40):
-                api.create("Secret", {"metadata": {"name": f"s{i}"}})
-            # Backing off (doubling to the cap) after each cut would need minutes for 40 events.
-            await asyncio.wait_for(informer.wait(lambda: informer.get("default", "s39"), tick_seconds=1), 30)
-            assert informer.stats.lists == lists  # resumed from its resourceVersion, never re-listed
-            assert informer.stats.watches >= 10
-    finally:
-        await kube.close()
-        hub.stop()
+    async with _secrets_on_a_hub_of_its_own(tmp_path, api) as (api, kube):
+        informer = kube.informer(SECRETS)
+        lists = informer.stats.lists
+        api.set_faults({"watch": {"closeAfterEvents": 1}})
+        for i in range(40):
+            api.create("Secret", {"metadata": {"name": f"s{i}"}})
+        # Backing off (doubling to the cap) after each cut would need minutes for 40 events.
+        await asyncio.wait_for(informer.wait(lambda: informer.get("default", "s39"), tick_seconds=1), 30)
+        assert informer.stats.lists == lists  # resumed from its resourceVersion, never re-listed
+        assert informer.stats.watches >= 10
 
 
 async def test_wait_deadline_and_cancellation(api, api_kube, api_assisted, kit):
@@ -469,40 +461,47 @@ async def test_a_wait_on_an_object_the_cache_lacks_reads_it_once_a_tick_and_keep
     """The hub has the object, the informer's cache does not (its watch and re-list refused): the
     wait reads it afresh once a tick, not in a loop of GETs that never heartbeats and never reaches
     its deadline (found by review)."""
-    Api = type(api)
+    async with _secrets_on_a_hub_of_its_own(tmp_path, api) as (api, kube):
+        # From now on the informer hears nothing: its streams cut, every watch and list refused.
+        refused = {"code": 500, "verbs": ["watch", "list"], "resources": ["secrets"]}
+        api.set_faults({"errors": [refused], "closeWatchesNow": True})
+        api.create("Secret", {"metadata": {"name": "late"}})
+        ticks: list[Any] = []
+        gets = kube.stats.requests["get"]
+        try:
+            with pytest.raises(WaitTimedOut):
+                await asyncio.wait_for(
+                    kube.wait_object(
+                        SECRETS,
+                        "default",
+                        "late",
+                        lambda obj: (obj or {}).get("data") or None,  # never: it has no data
+                        deadline=datetime.now(UTC) + timedelta(seconds=2),
+                        on_tick=ticks.append,
+                        tick_seconds=0.5,
+                    ),
+                    30,
+                )
+        finally:
+            api.clear_faults()
+        assert kube.informer(SECRETS).get("default", "late") is None  # the cache never had it
+        assert ticks  # and the wait heartbeat meanwhile
+        assert kube.stats.requests["get"] - gets <= 8  # the first read, then one a tick
+
+
+@contextlib.asynccontextmanager
+async def _secrets_on_a_hub_of_its_own(tmp_path, api) -> AsyncIterator[tuple[Any, HubKube]]:
+    """A hub of the test's own (its faults touch no other test), its API client, and a HubKube whose
+    Secrets informer has synced on a first Secret."""
     hub = start_hub(tmp_path)
     kube = HubKube.from_kubeconfig(str(hub.kubeconfig))
     try:
         with httpx.Client(base_url=hub.url, headers=hub.headers(), timeout=30.0) as client:
-            api = Api(client, "default")
+            own = type(api)(client, "default")
             informer = kube.informer(SECRETS)
-            api.create("Secret", {"metadata": {"name": "warm-up"}})
-            await informer.wait(lambda: informer.get("default", "warm-up"), tick_seconds=1)
-            # From now on the informer hears nothing: its streams cut, every watch and list refused.
-            refused = {"code": 500, "verbs": ["watch", "list"], "resources": ["secrets"]}
-            api.set_faults({"errors": [refused], "closeWatchesNow": True})
-            api.create("Secret", {"metadata": {"name": "late"}})
-            ticks: list[Any] = []
-            gets = kube.stats.requests["get"]
-            try:
-                with pytest.raises(WaitTimedOut):
-                    await asyncio.wait_for(
-                        kube.wait_object(
-                            SECRETS,
-                            "default",
-                            "late",
-                            lambda obj: (obj or {}).get("data") or None,  # never: it has no data
-                            deadline=datetime.now(UTC) + timedelta(seconds=2),
-                            on_tick=ticks.append,
-                            tick_seconds=0.5,
-                        ),
-                        30,
-                    )
-            finally:
-                api.clear_faults()
-            assert informer.get("default", "late") is None  # the cache never had it
-            assert ticks  # and the wait heartbeat meanwhile
-            assert kube.stats.requests["get"] - gets <= 8  # the first read, then one a tick
+            own.create("Secret", {"metadata": {"name": "first"}})
+            await informer.wait(lambda: informer.get("default", "first"), tick_seconds=1)
+            yield own, kube
     finally:
         await kube.close()
         hub.stop()
