@@ -1236,7 +1236,16 @@ class AssistedActivities:
                 # Its Machine is gone: handed Agents held back for the removal may now come in. The
                 # Agent, unbound, approved and still labelled, goes out of their reach first (on the
                 # copy the wait ended on: a stale one costs a conflict and a read).
-                await self._withdraw_unclaimed(ref, last.get("agent"))
+                now = await self._withdraw_unclaimed(ref, last.get("agent"))
+                if now is not None and agent_claimed(now):
+                    # A Machine claimed it first: released like any claimed Agent, by the retry.
+                    raise error(
+                        f"Agent {ref.namespace}/{ref.name} was claimed again while it was released",
+                        HubErrorType.CONFLICT,
+                        non_retryable=False,
+                        namespace=ref.namespace,
+                        name=ref.name,
+                    )
                 await sync_replicas(self._kube, input.nodepool)
         except WaitTimedOut:
             raise error(

@@ -199,7 +199,7 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
         count = request.get("numberOfNodes")
         if not isinstance(instance_type, str) or not _DNS_LABEL.fullmatch(instance_type):
             # fullmatch: `$` alone would let a trailing newline through (a YAML `|` block).
-            invalid.append(f"nodeRequests[{index}]: instance type {instance_type!r} is not a DNS label")
+            invalid.append(f"nodeRequests[{index}]: instance type is not a DNS label")
         elif instance_type in seen:
             # Keep the first entry: dropping both would scale a live node set to zero.
             invalid.append(f"nodeRequests[{index}]: duplicate instance type {instance_type}")

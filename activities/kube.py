@@ -740,17 +740,23 @@ class HubKube:
         floor = _resource_version(fresh)
         known_absent = fresh is None
         read_at = time.monotonic()
+        cached_since_read = False
         absent = object()
 
         def check() -> Any:
+            nonlocal cached_since_read
             obj = informer.get(namespace, name)
             if obj is None:
                 if known_absent:
                     return None
-                # The hub had it at the last read: the cache lags behind (its event on the way, or a
-                # watch being made again). Read afresh once a tick, not in a loop that hammers the
+                # Gone from a cache that had it: confirmed at once. Never seen by the cache since
+                # the hub had it at the last read: the cache lags (its event on the way, or a watch
+                # being made again), so read afresh once a tick, not in a loop that hammers the
                 # hub, never heartbeats and never reaches the deadline.
-                return absent if time.monotonic() - read_at >= tick_seconds else None
+                if cached_since_read or time.monotonic() - read_at >= tick_seconds:
+                    return absent
+                return None
+            cached_since_read = True
             if _older(obj, floor):
                 return None  # the cache has not caught up with the fresh read yet
             return evaluate(obj)
@@ -771,7 +777,7 @@ class HubKube:
             if outcome is not absent:
                 return outcome
             fresh = await self.get_optional(resource, namespace, name)
-            read_at = time.monotonic()
+            read_at, cached_since_read = time.monotonic(), False
             if fresh is not None:
                 fresh = informer.transform(fresh)
             result = evaluate(fresh)

@@ -628,6 +628,8 @@ class ClusterOrderController:
         held = await self._order_bmis(ref)
         if not held:
             return False
+        if await self._api.workflow_state(ref) == WorkflowState.RUNNING:
+            return True  # started meanwhile (another controller): the next look takes it from there
         log.error(
             "order %s: no workers workflow runs (%s) but BMaaS still lists its BMIs %s; nothing is"
             " started or finalized",

@@ -48,6 +48,13 @@ def facts_confirmed(obj: dict[str, Any] | None) -> bool:
     return obj is not None and confirmed(obj)
 
 
+class _OrderNotLowered(Exception):
+    def __init__(self, cause: Exception, asked: int | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.asked = asked
+
+
 class OrderOperations:
     def __init__(
         self,
@@ -174,20 +181,30 @@ class OrderOperations:
         if obj is None:
             self._warn(f"no ClusterOrder {order.key} on the hub: only the workflow's count was lowered")
             return lowered
+        return await self._lower_order_count(order, lowered, worker)
+
+    async def _lower_order_count(
+        self, order: OrderRef, lowered: NodeSetRequest, worker: str
+    ) -> NodeSetRequest:
+        """One fewer than the order asks for now, not the workflow's count: a tenant's edit the
+        controller has not applied yet (3 -> 5) must become 4, not be overwritten with 2. The worker
+        is released either way: if the hub refuses, the error says so and what the order asked."""
         try:
-            return await self._lower_order_count(order, lowered)
-        except (OrderChangeError, HubApiError) as err:
-            # The worker is gone either way: the operator must know the order still asks for it.
+            return await self._lower_asked_count(order, lowered)
+        except _OrderNotLowered as failed:
+            was = f" (it asked for {failed.asked} before)" if failed.asked is not None else ""
             raise CommandError(
                 f"worker {worker} is released (it leaves and BMaaS wipes its host), but ClusterOrder"
-                f" {order.key} could not be lowered to match ({err}): lower its {lowered.name} node request"
-                " by one, or the controller provisions a replacement"
-            ) from err
+                f" {order.key} could not be lowered to match ({failed.cause}): check its {lowered.name}"
+                f" node request{was} and lower it by one if it still asks as many, or the controller"
+                " provisions a replacement"
+            ) from failed.cause
 
-    async def _lower_order_count(self, order: OrderRef, lowered: NodeSetRequest) -> NodeSetRequest:
-        """One fewer than the order asks for now, not the workflow's count: a tenant's edit the
-        controller has not applied yet (3 -> 5) must become 4, not be overwritten with 2."""
-        obj = await self.orders.get(order)
+    async def _lower_asked_count(self, order: OrderRef, lowered: NodeSetRequest) -> NodeSetRequest:
+        try:
+            obj = await self.orders.get(order)
+        except HubApiError as err:
+            raise _OrderNotLowered(err, None) from err
         asks = (
             next((n for n in order_facts(order, obj).node_sets if n.name == lowered.name), None)
             if obj is not None
@@ -200,8 +217,12 @@ class OrderOperations:
             )
             return lowered
         # Lowered inside the compare-and-swap: an edit landing between the read above and the write
-        # is lowered too, not overwritten.
-        written = await self.orders.set_node_count(order, lowered.name, lambda now: max(now - 1, 0))
+        # is lowered too, not overwritten. A write that failed may still have landed (an answer
+        # lost): the operator is told what the order asked before, to check it.
+        try:
+            written = await self.orders.set_node_count(order, lowered.name, lambda now: max(now - 1, 0))
+        except (OrderChangeError, HubApiError) as err:
+            raise _OrderNotLowered(err, asks.count) from err
         count = next(n.count for n in order_facts(order, written).node_sets if n.name == lowered.name)
         return lowered.model_copy(update={"count": count})
 

@@ -326,7 +326,7 @@ class BmaasClient:
 
     @contextlib.asynccontextmanager
     async def watch(
-        self, cel_filter: str | None, *, idle_timeout: float | None = None
+        self, cel_filter: str | None, *, idle_timeout: float
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """Open `GET /events/watch`; yields an iterator of `event` objects once the stream is open.
 

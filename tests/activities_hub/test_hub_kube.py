@@ -525,3 +525,26 @@ async def test_in_the_cluster_too_a_request_that_reached_the_hub_is_never_sent_a
         for kube in kubes:
             await kube.close()
         hub.stop()
+
+
+async def test_a_wait_hears_of_a_deletion_the_cache_saw_at_once(api, api_kube):
+    """An object the cache held and lost is confirmed gone with one read at once, not a tick later
+    (the once-a-tick read is only for an object the cache has not seen since the hub had it)."""
+    api.create("Secret", {"metadata": {"name": "leaving"}})
+    informer = api_kube.informer(SECRETS)
+    await informer.wait(lambda: informer.get(api.ns, "leaving"), tick_seconds=0.1)
+    waiting_on_the_cache = asyncio.Event()
+    waiting = asyncio.create_task(
+        api_kube.wait_object(
+            SECRETS,
+            api.ns,
+            "leaving",
+            lambda obj: "gone" if obj is None else None,
+            deadline=datetime.now(UTC) + timedelta(seconds=120),
+            on_tick=lambda _: waiting_on_the_cache.set(),  # past its first read, on the cache
+            tick_seconds=60,
+        )
+    )
+    await asyncio.wait_for(waiting_on_the_cache.wait(), 30)
+    api.delete("Secret", "leaving")
+    assert await asyncio.wait_for(waiting, 30) == "gone"

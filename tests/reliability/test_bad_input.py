@@ -833,13 +833,13 @@ ROWS = [
         "order-non-dns-instance-type",
         "ClusterOrder condition",
         order_non_dns_instance_type,
-        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type 'BM_Standard' is not a DNS label",),
+        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type is not a DNS label",),
     ),
     Row(
         "order-instance-type-with-a-trailing-newline",
         "ClusterOrder condition",
         order_instance_type_with_a_trailing_newline,
-        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type 'bm-standard\\n' is not a DNS label",),
+        ("InvalidNodeRequests: spec.nodeRequests[0]: instance type is not a DNS label",),
     ),
     Row(
         "order-missing-pull-secret",

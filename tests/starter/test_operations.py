@@ -110,5 +110,9 @@ async def test_a_named_scale_down_whose_order_write_fails_says_the_worker_is_rel
         (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
     message = str(err.value)
     assert f"worker {ref.worker_name(1)} is released" in message
-    assert "lower its bm-standard node request by one" in message
+    assert "check its bm-standard node request (it asked for 2 before) and lower it by one" in message
+    await only_workers(stack, ref, {ref.worker_name(0)})
+    # What the operator then does: the order and the workflow agree again.
+    await patch_order(stack, ref, {"spec": {"nodeRequests": bare_metal(bm_standard=1)}})
+    await wait_observed(stack, ctl, ref)
     await only_workers(stack, ref, {ref.worker_name(0)})
