@@ -1318,21 +1318,50 @@ class AssistedActivities:
         if worker is None:
             await self.delete_agent(ref)
             return result.deleted
-        for attempt in range(MAX_CONFLICT_RETRIES):
-            current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
-            if current is None:
-                return result.deleted  # gone already: NotFound counts as success
-            if handed_elsewhere(current, worker):
+
+        def judge(agent: KubeObject) -> list[str]:
+            if handed_elsewhere(agent, worker):
                 return result.kept
-            if handed_to(current, worker):
+            if handed_to(agent, worker):
                 return result.handed
-            if agent_claimed(current):
+            if agent_claimed(agent):
                 return result.kept  # in a cluster, but not through this worker's hand-off
-            uid, version = meta(current).get("uid"), meta(current).get("resourceVersion")
+            return result.deleted
+
+        current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
+        # Gone already: NotFound counts as success.
+        where = await self._delete_as_judged(ref, current, judge, result, gone=result.deleted)
+        return where if where is not None else result.deleted
+
+    async def _delete_as_judged(
+        self,
+        ref: AgentRef,
+        current: KubeObject | None,
+        judge: Callable[[KubeObject], list[str] | None],
+        result: ReleasedAgents,
+        gone: list[str] | None,
+    ) -> list[str] | None:
+        """Which of `result`'s lists `judge` puts the Agent in (None: not ours to judge), deleting it
+        when that is `result.deleted`, on the version judged: an Agent changed since (a hand-off
+        landing meanwhile) is read and judged again, never deleted on a stale look. `gone`: where an
+        Agent that no longer exists belongs."""
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            if current is None:
+                return gone
+            where = judge(current)
+            if where is not result.deleted:
+                return where
             try:
-                await self._kube.delete(AGENTS, ref.namespace, ref.name, uid=uid, resource_version=version)
+                await self._kube.delete(
+                    AGENTS,
+                    ref.namespace,
+                    ref.name,
+                    uid=meta(current).get("uid"),
+                    resource_version=meta(current).get("resourceVersion"),
+                )
             except HubConflict:
                 await asyncio.sleep(conflict_backoff(attempt))
+                current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
                 continue
             return result.deleted
         raise still_conflicting(
@@ -1366,34 +1395,11 @@ class AssistedActivities:
             return result.deleted
 
         for listed in sorted(listing.items, key=lambda a: str(meta(a).get("name"))):
-            agent: KubeObject | None = listed
             name = str(meta(listed).get("name"))
-            for attempt in range(MAX_CONFLICT_RETRIES):
-                where = verdict(agent) if agent is not None else None
-                if where is not result.deleted:
-                    if where is not None:
-                        where.append(name)
-                    break
-                assert agent is not None
-                try:
-                    # On the version judged: a hand-off landing since is never deleted on a stale look.
-                    await self._kube.delete(
-                        AGENTS,
-                        ref.namespace,
-                        name,
-                        uid=meta(agent).get("uid"),
-                        resource_version=meta(agent).get("resourceVersion"),
-                    )
-                except HubConflict:
-                    await asyncio.sleep(conflict_backoff(attempt))
-                    agent = await self._kube.get_optional(AGENTS, ref.namespace, name)
-                    continue
-                result.deleted.append(name)
-                break
-            else:
-                raise still_conflicting(
-                    AGENTS.kind, ref.namespace, name, f"Agent {ref.namespace}/{name}", MAX_CONFLICT_RETRIES
-                )
+            agent_ref = AgentRef(namespace=ref.namespace, name=name)
+            where = await self._delete_as_judged(agent_ref, listed, verdict, result, gone=None)
+            if where is not None:
+                where.append(name)
         return result
 
     @activity.defn(name=HubActivity.DELETE_AGENT.value)

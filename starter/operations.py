@@ -48,13 +48,6 @@ def facts_confirmed(obj: dict[str, Any] | None) -> bool:
     return obj is not None and confirmed(obj)
 
 
-class _OrderNotLowered(Exception):
-    def __init__(self, cause: Exception, asked: int | None) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.asked = asked
-
-
 class OrderOperations:
     def __init__(
         self,
@@ -188,41 +181,34 @@ class OrderOperations:
     ) -> NodeSetRequest:
         """One fewer than the order asks for now, not the workflow's count: a tenant's edit the
         controller has not applied yet (3 -> 5) must become 4, not be overwritten with 2. The worker
-        is released either way: if the hub refuses, the error says so and what the order asked."""
-        try:
-            return await self._lower_asked_count(order, lowered)
-        except _OrderNotLowered as failed:
-            was = f" (it asked for {failed.asked} before)" if failed.asked is not None else ""
-            raise CommandError(
-                f"worker {worker} is released (it leaves and BMaaS wipes its host), but ClusterOrder"
-                f" {order.key} could not be lowered to match ({failed.cause}): check its {lowered.name}"
-                f" node request{was} and lower it by one if it still asks as many, or the controller"
-                " provisions a replacement"
-            ) from failed.cause
-
-    async def _lower_asked_count(self, order: OrderRef, lowered: NodeSetRequest) -> NodeSetRequest:
+        is released either way: if the hub refuses, the error says so and what the order asked (a
+        write whose answer was lost may have landed)."""
+        asked: int | None = None
         try:
             obj = await self.orders.get(order)
-        except HubApiError as err:
-            raise _OrderNotLowered(err, None) from err
-        asks = (
-            next((n for n in order_facts(order, obj).node_sets if n.name == lowered.name), None)
-            if obj is not None
-            else None
-        )
-        if asks is None:
-            self._warn(
-                f"ClusterOrder {order.key} no longer asks for node set {lowered.name}:"
-                " only the workflow's count was lowered"
+            asks = (
+                next((n for n in order_facts(order, obj).node_sets if n.name == lowered.name), None)
+                if obj is not None
+                else None
             )
-            return lowered
-        # Lowered inside the compare-and-swap: an edit landing between the read above and the write
-        # is lowered too, not overwritten. A write that failed may still have landed (an answer
-        # lost): the operator is told what the order asked before, to check it.
-        try:
+            if asks is None:
+                self._warn(
+                    f"ClusterOrder {order.key} no longer asks for node set {lowered.name}:"
+                    " only the workflow's count was lowered"
+                )
+                return lowered
+            asked = asks.count
+            # Lowered inside the compare-and-swap: an edit landing between the read above and the
+            # write is lowered too, not overwritten.
             written = await self.orders.set_node_count(order, lowered.name, lambda now: max(now - 1, 0))
         except (OrderChangeError, HubApiError) as err:
-            raise _OrderNotLowered(err, asks.count) from err
+            was = f" (it asked for {asked} before)" if asked is not None else ""
+            raise CommandError(
+                f"worker {worker} is released (it leaves and BMaaS wipes its host), but ClusterOrder"
+                f" {order.key} could not be lowered to match ({err}): check its {lowered.name}"
+                f" node request{was} and lower it by one if it still asks as many, or the controller"
+                " provisions a replacement"
+            ) from err
         count = next(n.count for n in order_facts(order, written).node_sets if n.name == lowered.name)
         return lowered.model_copy(update={"count": count})
 
