@@ -93,6 +93,12 @@ class WorkerPatch(StrEnum):
     TEARDOWN_CONTINUES_AS_NEW = "teardown-continues-as-new"
     # So does a failed attempt's release; the next run finishes it before the next attempt.
     FAILED_RELEASE_CONTINUES_AS_NEW = "failed-release-continues-as-new"
+    # A step that fails as a scale-down cancels it is not the attempt's failure: the worker is
+    # released as asked, never shown Failed (with a WorkerFailed Event) on its way out.
+    SCALE_DOWN_OUTRANKS_FAILURE = "scale-down-outranks-failure"
+    # A create that failed for good may still have an earlier attempt's POST unanswered: its
+    # release waits the margin before it looks for the slot's BMI, as after a timeout.
+    CREATE_UNSETTLED_AFTER_ANY_FAILURE = "create-unsettled-after-any-failure"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -247,6 +253,9 @@ class WorkerNodeWorkflow:
             if not self._scale_down:
                 raise
         except AttemptFailed as failure:
+            if self._scale_down and workflow.patched(WorkerPatch.SCALE_DOWN_OUTRANKS_FAILURE.value):
+                workflow.logger.info("worker attempt ended as it was scaled down: %s", failure)
+                return  # the teardown releases what the attempt held
             await self._fail(failure)
 
     async def _provision(self) -> None:
@@ -274,12 +283,15 @@ class WorkerNodeWorkflow:
                 raise
             except AttemptFailed as failure:
                 # Timed out, or a retryable error that ended it (retries stop once a scale-down
-                # asked to cancel): its POST may still make the BMI. A decided error cannot.
+                # asked to cancel): its POST may still make the BMI. A decided error cannot, but
+                # it may follow an attempt whose POST went unanswered (the workflow cannot tell).
                 cause = failure.__cause__
                 error = cause.cause if isinstance(cause, ActivityError) else None
                 if isinstance(error, ActivityTimedOut) or (
                     isinstance(error, ApplicationError) and not error.non_retryable
                 ):
+                    progress.create_unsettled = True
+                elif workflow.patched(WorkerPatch.CREATE_UNSETTLED_AFTER_ANY_FAILURE.value):
                     progress.create_unsettled = True
                 raise
             progress.bmi_id = created.instance.id
@@ -751,6 +763,14 @@ class WorkerNodeWorkflow:
         await asyncio.gather(*self._pending_reports)
         self._pending_reports.clear()
 
+    def _skip_report_maybe_delivered(self, delivery: ReportDelivery | None) -> None:
+        """An activity cancelled or failed after delivering its `on_success` report (a cancel that
+        reached it only then) may have delivered it: the next report must not reuse its number, or
+        the cluster workflow drops it as a copy and keeps showing that report (Ready during an unbind)."""
+        if delivery is not None and delivery.on_success is not None:
+            progress, _ = self._state()
+            progress.report_sequence = max(progress.report_sequence, delivery.on_success.sequence)
+
     def _report_delivery(self, arg: Any, on_success: WorkerReport | None) -> ReportDelivery | None:
         assert self._input is not None
         parent = self._input.parent_workflow_id
@@ -829,6 +849,7 @@ class WorkerNodeWorkflow:
                 local=local,
             )
         except ActivityError as err:
+            self._skip_report_maybe_delivered(delivery)
             if isinstance(err.cause, CancelledError):
                 # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.
                 raise asyncio.CancelledError() from err

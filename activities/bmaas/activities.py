@@ -208,7 +208,8 @@ class BmaasActivities:
     @delivers_reports
     async def create_worker_instance(self, req: CreateWorkerInstanceInput) -> CreateWorkerInstanceResult:
         """Create the slot's BMI, or adopt the one a previous attempt (or a racing one) created.
-        Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound)."""
+        Without a disk image, the release's boot image is resolved first (RHCOSImageNotFound).
+        A name held by a BMI that is not the order's is a non-retryable BmaasAlreadyExists naming it."""
         existing = await self._find_slot(req.order, req.bmi_name)
         if existing is not None:
             return self._adopt(existing)
@@ -244,10 +245,7 @@ class BmaasActivities:
             # A concurrent or earlier create won the name: adopt what is there.
             existing = await self._find_slot(req.order, req.bmi_name)
             if existing is None:
-                raise BmaasApiError(
-                    f"BMI {req.bmi_name} already exists but is not listed for order {req.order.name}",
-                    BmaasErrorType.CONFLICT,
-                ) from None
+                raise await self._name_holder_error(req.order, req.bmi_name) from None
             return self._adopt(existing)
         snapshot = BmiSnapshot.from_api(created)
         log.info("created BMI %s (%s) for %s", snapshot.name, snapshot.id, req.order.key)
@@ -305,6 +303,28 @@ class BmaasActivities:
             return None
         live = [s for s in found if s.state != BmiState.DELETING]
         return sorted(live or found, key=lambda s: s.id)[0]
+
+    async def _name_holder_error(self, order: OrderRef, bmi_name: str) -> BmaasApiError:
+        """Why a POST answered AlreadyExists though the order has no BMI of that name. A BMI not of the
+        order (made by hand, without our labels) holds it until someone removes it: retrying the call
+        would keep the worker Provisioning for ever with no reason shown, so the call fails for good
+        with the holder named (never adopted, never deleted). A name freed meanwhile, or taken by the
+        order's own BMI since, is a retryable conflict: the next try creates or adopts it."""
+        items = await self.client.list_instances(f"this.metadata.name == {cel_string(bmi_name)}")
+        # The filter is the server's; check again here so a lax filter can never blame a stranger.
+        named = sorted(
+            (s for s in map(BmiSnapshot.from_api, items) if s.name == bmi_name), key=lambda s: s.id
+        )
+        if not named or any(s.belongs_to(order) for s in named):
+            return BmaasApiError(
+                f"BMI {bmi_name} already exists but is not listed for order {order.name}",
+                BmaasErrorType.CONFLICT,
+            )
+        return BmaasApiError(
+            f"BMI {bmi_name} ({named[0].id}) is not a worker of order {order.key}: the slot cannot be"
+            " created until that BMI is removed or renamed",
+            BmaasErrorType.ALREADY_EXISTS,
+        )
 
     def _adopt(self, snapshot: BmiSnapshot) -> CreateWorkerInstanceResult:
         if snapshot.state == BmiState.DELETING:

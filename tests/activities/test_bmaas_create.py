@@ -135,6 +135,72 @@ async def test_a_bmi_of_a_same_named_order_in_another_namespace_is_never_adopted
     assert untouched is not None and untouched["metadata"]["labels"] == labels
 
 
+async def test_a_bmi_not_of_the_order_holding_the_slot_name_fails_the_call_for_good(
+    harness: Harness,
+) -> None:
+    """A BMI made by hand (no order labels) holds the slot's name: the POST answers AlreadyExists
+    and the order has no BMI of that name. Retrying the call could never create the slot, so it
+    fails non-retryable with the holder named; the holder is neither adopted nor touched."""
+    resp = await harness.lab.post("/baremetal_instances", bmi_body("order1-worker-5"))
+    assert resp.status_code == 200, resp.text
+    foreign = resp.json()
+
+    with pytest.raises(ApplicationError) as refused:
+        await harness.run(harness.acts.create_worker_instance, harness.slot(5))
+    assert refused.value.type == BmaasErrorType.ALREADY_EXISTS.value and refused.value.non_retryable
+    assert f"BMI order1-worker-5 ({foreign['id']}) is not a worker of order tenant-ns/order1" in (
+        refused.value.message
+    )
+    assert [b["id"] for b in await harness.lab.list_bmis()] == [foreign["id"]]  # nothing else made
+    untouched = await harness.lab.get_bmi(foreign["id"])
+    assert untouched is not None and untouched["metadata"]["labels"] == {}
+
+
+async def test_a_name_freed_after_already_exists_is_retried(harness: Harness) -> None:
+    """The race: the POST answers AlreadyExists for a BMI not of the order, which is deleted and gone
+    before the activity lists who holds the name. Nothing holds it any more, so the conflict stays
+    retryable (the next attempt creates the slot). The activity's lists are held (a hang fault on
+    the list route, set once its first list is done) while the holder is deleted; clearing the
+    fault answers the held list 503, which the client retries."""
+    resp = await harness.lab.post("/baremetal_instances", bmi_body("order1-worker-5"))
+    assert resp.status_code == 200, resp.text
+    foreign_id = resp.json()["id"]
+    list_route = "GET /api/private/v1/baremetal_instances"
+    post_route = "POST /api/private/v1/baremetal_instances"
+
+    async def hold_lists() -> None:  # between the activity's first list and its POST
+        await harness.lab.faults(routes={list_route: {"hang_rate": 1.0}})
+
+    posts_before = (await harness.lab.stats())[post_route]  # the holder's
+
+    async def list_held_after_the_post() -> bool:
+        resp = await harness.lab.http.get("/lab/v1/stats")
+        resp.raise_for_status()
+        sent, in_flight = resp.json()["requests"], resp.json()["in_flight"]
+        posted = sent.get(post_route) == posts_before + 1 and not in_flight.get(post_route)
+        return posted and bool(in_flight.get(list_route))
+
+    harness.ignition.hook = hold_lists
+    create = asyncio.create_task(harness.run(harness.acts.create_worker_instance, harness.slot(5)))
+    try:
+        await wait_for(list_held_after_the_post, what="the list after the POST held")
+        await harness.run(harness.acts.delete_instance, InstanceRef(bmi_id=foreign_id))
+        await wait_for(lambda: _gone(harness, foreign_id), what="the holder gone")
+    finally:
+        await harness.lab.clear_faults()
+    with pytest.raises(ApplicationError) as conflict:
+        await create
+    assert conflict.value.type == BmaasErrorType.CONFLICT.value and not conflict.value.non_retryable
+    assert await harness.lab.list_bmis() == []  # the POST made nothing; the next attempt creates it
+
+    again = await harness.run(harness.acts.create_worker_instance, harness.slot(5))
+    assert again.created and again.instance.name == "order1-worker-5"
+
+
+async def _gone(harness: Harness, bmi_id: str) -> bool:
+    return await harness.lab.get_bmi(bmi_id) is None
+
+
 async def test_deleting_bmi_of_the_slot_is_not_adopted(harness: Harness) -> None:
     await harness.lab.timings(wipe_s=30.0)  # keep it DELETING for the test
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))

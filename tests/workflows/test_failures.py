@@ -580,3 +580,40 @@ async def test_a_scale_down_between_create_attempts_still_waits_for_a_late_bmi(s
     assert any(e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events)
     assert await stack.bmis(order) == []
     await _clean_decommission(stack, order)
+
+
+async def test_a_create_refused_after_a_retry_still_waits_for_a_late_bmi(stack: Stack) -> None:
+    """The create's first attempt fails retryably (as one whose POST went unanswered, which the
+    service may still be handling), the next is refused for good. The workflow cannot tell an
+    attempt with no POST before it from one with, so the release looks for the slot's BMI only a
+    margin after the create ended (the marker and the timer before the look), never at once and
+    past a BMI the first POST makes late (found by review)."""
+    api, order, _worker_name, handle = await _one_worker_with_a_faulty_create(stack, 2, {"error_rate": 1.0})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+        await eventually(lambda: _create_pending(handle, attempt=2), "the create retrying")
+        refused = {"error_rate": 1.0, "error_code": 3}  # InvalidArgument: decided, never retried
+        await stack.set_bmaas_faults(routes={CREATE: refused})
+        await _failed_with(stack, order, FailureReason.BMI_PROVISIONING_FAILED)
+    finally:
+        await stack.clear_bmaas_faults()
+    await stack.wait_ready(order, 1)
+    events = (await handle.fetch_history()).events
+    failed = next(e.event_id for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED)
+    after = [e for e in events if e.event_id > failed]
+    marker = next(
+        e.event_id
+        for e in after
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and "create-unsettled-after-any-failure" in str(e.marker_recorded_event_attributes)
+    )
+    timer = next(e.event_id for e in after if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED)
+    look = next(
+        e.event_id
+        for e in after
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name
+        == BmaasActivity.LIST_ORDER_INSTANCES.value
+    )
+    assert marker < timer < look
+    await _clean_decommission(stack, order)
