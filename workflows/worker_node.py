@@ -99,6 +99,9 @@ class WorkerPatch(StrEnum):
     # A create that failed for good may still have an earlier attempt's POST unanswered: its
     # release waits the margin before it looks for the slot's BMI, as after a timeout.
     CREATE_UNSETTLED_AFTER_ANY_FAILURE = "create-unsettled-after-any-failure"
+    # `host_lost` in a run's first workflow task (the SDK applies signals before the run reads its
+    # input) is judged once the run has its state, instead of being dropped.
+    HOST_LOST_BEFORE_START = "host-lost-before-start"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -141,6 +144,8 @@ class WorkerNodeWorkflow:
         self._tearing_down = False
         # From the cluster workflow: this Ready worker's BMI no longer runs its node.
         self._host_lost: LostInstance | None = None
+        # `host_lost` that came before the run read its input: judged by the run.
+        self._host_lost_before_start: LostInstance | None = None
 
     # ----------------------------------------------------------------------------------- API
 
@@ -161,7 +166,9 @@ class WorkerNodeWorkflow:
     def host_lost(self, lost: LostInstance) -> None:
         """From the cluster workflow's check of its Ready workers' BMIs. Counts only for the current
         BMI of a Ready worker: a worker already leaving or replacing it has nothing to do."""
-        if self._news_of_current_host(WorkerPhase.READY, lost.bmi_id):
+        if self._progress is None:
+            self._host_lost_before_start = lost
+        elif self._news_of_current_host(WorkerPhase.READY, lost.bmi_id):
             self._host_lost = lost
 
     def _news_of_current_host(self, phase: WorkerPhase, bmi_id: str | None) -> bool:
@@ -187,6 +194,13 @@ class WorkerNodeWorkflow:
         )
         self._scale_down = self._scale_down or self._progress.scale_down_requested
         self._progress.scale_down_requested = self._scale_down
+        early, self._host_lost_before_start = self._host_lost_before_start, None
+        if (
+            early is not None
+            and self._news_of_current_host(WorkerPhase.READY, early.bmi_id)
+            and workflow.patched(WorkerPatch.HOST_LOST_BEFORE_START.value)
+        ):
+            self._host_lost = early
         # The parent sets these at start; a run that lacks them (continued, or started by hand)
         # sets them here, in one upsert.
         status = self._progress.status
