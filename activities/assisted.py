@@ -64,6 +64,7 @@ from activities.kube import (
     dig,
     labels_of,
     meta,
+    refusals_retried,
 )
 from activities.reporting import delivers_reports
 from contracts.activities import HubActivity
@@ -761,6 +762,7 @@ class AssistedActivities:
     # -- Agents -----------------------------------------------------------------------------
 
     @activity.defn(name=HubActivity.WATCH_AGENT_FOR_MACS.value)
+    @refusals_retried
     @delivers_reports
     async def watch_agent_for_macs(self, input: WatchAgentInput) -> AgentWatch:
         """The worker's Agent if it is registered already; otherwise start (or keep) a watch in this
@@ -776,6 +778,7 @@ class AssistedActivities:
         return AgentWatch()
 
     @activity.defn(name=HubActivity.WAIT_AGENT_FOR_MACS.value)
+    @refusals_retried
     async def wait_agent_for_macs(self, input: WaitAgentInput) -> AgentMatch:
         """The one Agent of the InfraEnv reporting one of the BMI's MACs on any interface, with its
         other MACs (`unmatched_macs`) so the workflow can check no other BMI's host owns one.
@@ -805,6 +808,7 @@ class AssistedActivities:
         return lambda: beat(progress)
 
     @activity.defn(name=HubActivity.WAIT_AGENT_AND_HAND.value)
+    @refusals_retried
     @delivers_reports
     async def wait_agent_and_hand(self, input: WaitAndHandAgentInput) -> AgentHandOff:
         """wait_agent_for_macs, then at once hand_agent_to_nodepool: the host is approved as soon as
@@ -884,6 +888,10 @@ class AssistedActivities:
                     tick_seconds=tick,
                 )
             except WaitTimedOut:
+                # Decided on the hub's own list: the cache may be blind while it counts as synced.
+                agent, listed = await self._fresh_match(input)
+                if agent is not None:
+                    return agent, listed
                 raise error(
                     f"no Agent registered in InfraEnv {namespace}/{infraenv} for the host by the deadline",
                     HubErrorType.AGENT_REGISTRATION_TIMEOUT,
@@ -891,7 +899,7 @@ class AssistedActivities:
                     namespace=namespace,
                     infraenv=infraenv,
                     deadline=input.deadline.isoformat(),
-                    agents_in_infraenv=len(_candidates(input, informer.items(namespace))),
+                    agents_in_infraenv=len(_candidates(input, listed)),
                 ) from None
             # The cache may lag the hub: decide on a fresh list (one call per match, not per wait),
             # so an Agent registered just before is seen and an ambiguity is not missed.
@@ -913,6 +921,7 @@ class AssistedActivities:
         return agent, fresh.items
 
     @activity.defn(name=HubActivity.HAND_AGENT_TO_NODEPOOL.value)
+    @refusals_retried
     @delivers_reports
     async def hand_agent_to_nodepool(self, input: HandAgentInput) -> HandAgentResult:
         """Approve the Agent, role worker, hostname, the NodePool's selector labels and the slot
@@ -1065,6 +1074,7 @@ class AssistedActivities:
         )
 
     @activity.defn(name=HubActivity.WAIT_AGENT_INSTALLED.value)
+    @refusals_retried
     @delivers_reports
     async def wait_agent_installed(self, input: WaitAgentInstalledInput) -> AgentInstalled:
         """Until the provider claimed the Agent (agentMachineRef, Bound) and it is installed.
@@ -1162,6 +1172,7 @@ class AssistedActivities:
         )
 
     @activity.defn(name=HubActivity.MARK_AGENT_REMOVING.value)
+    @refusals_retried
     async def mark_agent_removing(self, agent: AgentRef) -> MarkRemovingResult:
         """Label the Agent as leaving, so it no longer counts towards its NodePool's replicas."""
         return await self._mark_removing(
@@ -1206,6 +1217,7 @@ class AssistedActivities:
         return MarkRemovingResult(agent=agent, found=True, changed=True)
 
     @activity.defn(name=HubActivity.WAIT_AGENT_UNBOUND.value)
+    @refusals_retried
     async def wait_agent_unbound(self, input: WaitAgentUnboundInput) -> AgentUnbound:
         """Until clusterDeploymentName is cleared and the host is unbound (or waits for a reboot:
         `unbinding-pending-user-action`). Never claimed or gone: done at once.
@@ -1259,6 +1271,7 @@ class AssistedActivities:
         return unbound
 
     @activity.defn(name=HubActivity.UNBIND_AGENT.value)
+    @refusals_retried
     @delivers_reports
     async def unbind_agent(self, input: UnbindAgentInput) -> ReleasedAgents:
         """Scale-down of one worker, each step idempotent: withdraw the approval of an Agent not
@@ -1280,6 +1293,7 @@ class AssistedActivities:
         )
 
     @activity.defn(name=HubActivity.RELEASE_AGENT.value)
+    @refusals_retried
     @delivers_reports
     async def release_agent(self, input: ReleaseAgentInput) -> ReleasedAgents:
         """Delete the worker's Agent (NotFound counts as success) and the host's stale registrations.
@@ -1369,6 +1383,7 @@ class AssistedActivities:
         )
 
     @activity.defn(name=HubActivity.RELEASE_STALE_AGENTS.value)
+    @refusals_retried
     async def release_stale_agents(self, input: ReleaseStaleAgentsInput) -> ReleasedAgents:
         """Delete the unclaimed registrations of a host being released (a duplicate-MAC twin, or an
         Agent that registered after its worker stopped waiting), so a wiped host leaves nothing behind.
@@ -1403,6 +1418,7 @@ class AssistedActivities:
         return result
 
     @activity.defn(name=HubActivity.DELETE_AGENT.value)
+    @refusals_retried
     async def delete_agent(self, agent: AgentRef) -> DeleteResult:
         """Delete the Agent; NotFound counts as success."""
         deleted = await self._kube.delete(AGENTS, agent.namespace, agent.name)

@@ -42,6 +42,7 @@ from activities.kube import (
     labels_of,
     meta,
     now_rfc3339,
+    refusals_retried,
 )
 from contracts.activities import HubActivity
 from contracts.hub import (
@@ -596,10 +597,12 @@ class HubActivities:
         return cluster_release(pools.items, input.cluster)
 
     @activity.defn(name=HubActivity.SYNC_NODEPOOL_REPLICAS.value)
+    @refusals_retried
     async def sync_nodepool_replicas(self, nodepool: NodePoolRef) -> ReplicaSync:
         return await sync_replicas(self._kube, nodepool)
 
     @activity.defn(name=HubActivity.ANNOTATE_MACHINE_FOR_DELETION.value)
+    @refusals_retried
     async def annotate_machine_for_deletion(self, agent: AgentRef) -> MachineAnnotation:
         current = await self._kube.get_optional(AGENTS, agent.namespace, agent.name)
         return await annotate_machine(self._kube, agent, current)

@@ -15,9 +15,11 @@ from `Informer.add_index`), so a change wakes the few waiters it concerns rather
 the namespace, and it reads the matching objects from the index rather than scanning them all.
 
 Errors are mapped once, here, to `HubApiError` (a Temporal `ApplicationError`) whose `type` is a
-`HubErrorType`: 404/400/422/401/403 non-retryable (422 names the invalid fields), 409 and 5xx and
-transport failures retryable. Messages never carry request or response bodies, nor a Status's free
-text: its reason only when it is a StatusReason, its causes only as field paths.
+`HubErrorType`: 400, 422 (naming the invalid fields), 401/403 (retryable in the activities that hold
+a host) and an object's own 404 (a Status naming it: the only "gone") non-retryable; 409, 5xx, any
+other 404 (a path the hub does not serve, a proxy's page) and transport failures retryable. Messages
+never carry request or response bodies, nor a Status's free text: its reason only when it is a
+StatusReason, its causes only as field paths.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import logging
+import os
 import random
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -45,6 +49,8 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION, KubeConfigLoader, KubeConfigMerger
 from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -112,11 +118,24 @@ class PatchType(StrEnum):
 # Cache transforms: what the process keeps in memory for its waiters
 
 
+LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+
+
 def _strip_order_secrets(obj: KubeObject) -> KubeObject:
-    """A cached ClusterOrder never holds the pull secret (waiters need only metadata and status)."""
+    """A cached ClusterOrder never holds the pull secret (waiters need only metadata and status),
+    nor the copy of it that `kubectl apply` keeps in an annotation."""
     spec = obj.get("spec")
     if isinstance(spec, dict) and "pullSecret" in spec:
         obj = {**obj, "spec": {k: v for k, v in spec.items() if k != "pullSecret"}}
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if (
+        isinstance(metadata, dict)
+        and isinstance(annotations, dict)
+        and LAST_APPLIED_ANNOTATION in annotations
+    ):
+        kept = {k: v for k, v in annotations.items() if k != LAST_APPLIED_ANNOTATION}
+        obj = {**obj, "metadata": {**metadata, "annotations": kept}}
     return obj
 
 
@@ -185,7 +204,7 @@ class HubApiError(ApplicationError):
 
 
 class HubNotFound(HubApiError):
-    pass
+    """404 naming the object (see `_own_not_found`): it does not exist."""
 
 
 class HubConflict(HubApiError):
@@ -209,7 +228,7 @@ class HubGone(HubApiError):
 
 
 class HubUnavailable(HubApiError):
-    """5xx, 429, timeouts, refused or broken connections."""
+    """5xx, 429, a 404 that names no object, timeouts, refused or broken connections."""
 
 
 class StatusReason(StrEnum):
@@ -268,6 +287,33 @@ def _status_body(exc: ApiException) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
+def _own_not_found(
+    status: dict[str, Any], verb: str, resource: Resource, namespace: str | None, name: str | None
+) -> bool:
+    """Whether a 404 is the NotFound of what the request named, the only 404 that says an object
+    is gone: a `kind: Status` with reason NotFound whose details name the object (and its kind and
+    group, when they are given), as the apiserver answers. A create can only miss its namespace
+    (`namespaces "x" not found`); a list or a watch names nothing that could be gone. Not the
+    apiserver's "the server could not find the requested resource" (a path it does not serve, such
+    as a CRD being installed again: its details name nothing), nor a 404 page from a proxy in front
+    of the hub."""
+    if status.get("kind") != "Status" or status.get("reason") != StatusReason.NOT_FOUND:
+        return False
+    details = status.get("details")
+    if not isinstance(details, dict):
+        return False
+    if verb == "create":
+        wanted, kinds, group = namespace, {"namespaces"}, ""
+    else:
+        wanted, kinds, group = name, {resource.plural, resource.kind.lower()}, resource.group
+    if not wanted or details.get("name") != wanted:
+        return False
+    kind = details.get("kind")
+    if kind is not None and str(kind).lower() not in kinds:
+        return False
+    return details.get("group") in (None, "", group)
+
+
 def map_api_exception(
     exc: ApiException, verb: str, resource: Resource, namespace: str | None, name: str | None
 ) -> HubApiError:
@@ -288,8 +334,17 @@ def map_api_exception(
         "name": name,
         "fields": fields,
     }
-    if code == 404:
+    if code == 404 and _own_not_found(status, verb, resource, namespace, name):
         return HubNotFound(base, type=HubErrorType.NOT_FOUND, non_retryable=True, **kw)
+    if code == 404:
+        # Never taken for the object gone (a wait would report it deleted, a release its host
+        # free): retried until the hub answers about the object itself.
+        return HubUnavailable(
+            f"{base} (not the object's own NotFound: retried)",
+            type=HubErrorType.UNAVAILABLE,
+            non_retryable=False,
+            **kw,
+        )
     if code == 409 and reason == StatusReason.ALREADY_EXISTS:
         # Retryable: the retry finds the object and adopts it.
         return HubAlreadyExists(base, type=HubErrorType.ALREADY_EXISTS, non_retryable=False, **kw)
@@ -312,6 +367,40 @@ def map_api_exception(
             f"hub {verb} {where}: transport error", type=HubErrorType.TRANSPORT, non_retryable=False, **kw
         )
     return HubUnavailable(base, type=HubErrorType.UNAVAILABLE, non_retryable=False, **kw)
+
+
+In = TypeVar("In")
+R = TypeVar("R")
+
+
+def refusals_retried(run: Callable[[Any, In], Awaitable[R]]) -> Callable[[Any, In], Awaitable[R]]:
+    """For the activities that run while a host is allocated to the attempt: a 401 (a token rotation
+    the kubeconfig has not followed yet) or a 403 (a role a rollout forgot) is retried, visible on
+    the pending activity, instead of failing the attempt, which deletes the BMI and wipes a healthy
+    host for a refusal that says nothing about it. Elsewhere it stays final: the order's workflow,
+    whose calls are retried without end, shows it as RequestRefused and asks again later, and a
+    refused Event is dropped at once."""
+
+    @functools.wraps(run)
+    async def wrapper(self: Any, input: In) -> R:
+        try:
+            return await run(self, input)
+        except HubAuthError as err:
+            if not err.non_retryable:
+                raise
+            raise HubAuthError(
+                f"{err.message} (retried: the host stays allocated meanwhile)",
+                type=HubErrorType(str(err.type)),
+                non_retryable=False,
+                code=err.code,
+                reason=err.reason,
+                kind=err.kind,
+                namespace=err.namespace,
+                name=err.name,
+                fields=err.fields,
+            ) from None
+
+    return wrapper
 
 
 def _transport_error(
@@ -353,6 +442,57 @@ def _object_list(data: KubeObject) -> ObjectList:
     items = data.get("items") or []
     rv = (data.get("metadata") or {}).get("resourceVersion")
     return ObjectList(items=[i for i in items if isinstance(i, dict)], resource_version=rv)
+
+
+def _token_file(config: Any, current_context: Mapping[str, Any]) -> str | None:
+    """The file the kubeconfig's current user takes its token from, resolved as the client does
+    (relative to the kubeconfig naming it); None when the token comes from elsewhere (an inline
+    `token` wins over `tokenFile`, an auth provider over both)."""
+    user_name = (current_context.get("context") or {}).get("user")
+    users = config["users"] if config.safe_get("users") else None
+    entry = users.get_with_name(user_name, safe=True) if users is not None and user_name else None
+    if entry is None:
+        return None
+    user = entry.safe_get("user")
+    if not isinstance(user, dict) or user.get("token") or "auth-provider" in user:
+        return None
+    token_file = user.get("tokenFile")
+    if not isinstance(token_file, str) or not token_file:
+        return None
+    base = os.path.abspath(os.path.dirname(entry.path)) if entry.path else ""
+    return os.path.normpath(os.path.join(base, token_file))
+
+
+class _TokenFile:
+    """A kubeconfig's `tokenFile` read again whenever it changes (a mounted secret rotated), as the
+    in-cluster client re-reads its service account's token; the client alone reads it once. Called
+    before every request (the client's `refresh_api_key_hook`): one stat, a read only on a change. A
+    file that cannot be read keeps the last token, whose refusal then shows on the calls."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, configuration: k8s_client.Configuration) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp == self._stamp:
+            return
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            try:
+                with open(self.path) as f:
+                    token = f.read().strip()
+            except OSError:
+                return
+            if token:
+                configuration.api_key["BearerToken"] = f"Bearer {token}"
+                self._stamp = stamp
 
 
 def _pooled(configuration: k8s_client.Configuration, max_workers: int) -> k8s_client.ApiClient:
@@ -401,11 +541,19 @@ class HubKube:
         max_workers: int = 16,
         **kwargs: Any,
     ) -> HubKube:
-        """Load a kubeconfig (token, client certificates and CA as kubectl would use them)."""
+        """Load a kubeconfig (token, client certificates and CA as kubectl would use them), as
+        `load_kube_config` does; a user's `tokenFile` is read again whenever it changes."""
         configuration = k8s_client.Configuration()
-        k8s_config.load_kube_config(
-            config_file=path, context=context, client_configuration=configuration, persist_config=False
-        )
+        merged = KubeConfigMerger(path or KUBE_CONFIG_DEFAULT_LOCATION)
+        if merged.config is None:
+            raise ConfigException("Invalid kube-config file. No configuration found.")
+        # No base path: each file's relative paths are its own (as load_kube_config does).
+        loader = KubeConfigLoader(config_dict=merged.config, config_base_path=None, active_context=context)
+        loader.load_and_set(configuration)
+        token_file = _token_file(merged.config, loader.current_context)
+        if token_file is not None:
+            hook: Any = _TokenFile(token_file)  # the client's own hook would keep the first token
+            configuration.refresh_api_key_hook = hook
         return cls(_pooled(configuration, max_workers), max_workers=max_workers, **kwargs)
 
     @classmethod
@@ -728,7 +876,8 @@ class HubKube:
         Subscribes to the shared informer, then reads the object fresh, so the first answer is
         never a lagging cache's; afterwards only cache entries at least as new as what was already
         read are evaluated, and absence from the cache is confirmed by a fresh read once (then the
-        informer reports the object's creation). Raises WaitTimedOut at the deadline."""
+        informer reports the object's creation). Raises WaitTimedOut at the deadline if a fresh
+        read then does not satisfy `evaluate` either."""
         informer = self.informer(resource)
         await informer.start()
         fresh = await self.get_optional(resource, namespace, name)
@@ -739,6 +888,9 @@ class HubKube:
             return result
         floor = _resource_version(fresh)
         known_absent = fresh is None
+        # The object the hub had deleted at the read, still in a cache that lags (or cannot hear):
+        # never evaluated as if it existed.
+        deleted_uid = meta(informer.get(namespace, name) or {}).get("uid") if known_absent else None
         read_at = time.monotonic()
         cached_since_read = False
         absent = object()
@@ -756,6 +908,8 @@ class HubKube:
                 if cached_since_read or time.monotonic() - read_at >= tick_seconds:
                     return absent
                 return None
+            if deleted_uid is not None and meta(obj).get("uid") == deleted_uid:
+                return None
             cached_since_read = True
             if _older(obj, floor):
                 return None  # the cache has not caught up with the fresh read yet
@@ -766,14 +920,24 @@ class HubKube:
                 on_tick(informer.get(namespace, name))
 
         while True:
-            outcome = await informer.wait(
-                check,
-                namespace=namespace,
-                keys=[informer.name_key(name)],
-                deadline=deadline,
-                on_tick=tick,
-                tick_seconds=tick_seconds,
-            )
+            try:
+                outcome = await informer.wait(
+                    check,
+                    namespace=namespace,
+                    keys=[informer.name_key(name)],
+                    deadline=deadline,
+                    on_tick=tick,
+                    tick_seconds=tick_seconds,
+                )
+            except WaitTimedOut:
+                # The cache may be blind (a watch cut and not made again, a stream gone quiet) while
+                # it still counts as synced: the deadline's verdict is the hub's own answer, and a
+                # hub that cannot answer makes it a retryable error, never a false timeout.
+                fresh = await self.get_optional(resource, namespace, name)
+                result = evaluate(informer.transform(fresh) if fresh is not None else None)
+                if result is not None:
+                    return result
+                raise
             if outcome is not absent:
                 return outcome
             fresh = await self.get_optional(resource, namespace, name)
@@ -785,6 +949,7 @@ class HubKube:
                 return result
             floor = _resource_version(fresh) or floor
             known_absent = fresh is None
+            deleted_uid = meta(informer.get(namespace, name) or {}).get("uid") if known_absent else None
 
     # Used by Informer: the streaming request runs on the informer's own thread.
     def _open_watch(self, resource: Resource, resource_version: str | None) -> Any:

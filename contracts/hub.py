@@ -137,9 +137,10 @@ AGENT_INSTALL_FAILED_STATES: frozenset[str] = frozenset(
 class HubErrorType(StrEnum):
     """`ApplicationError.type` values raised by the hub and assisted activities.
 
-    Non-retryable: see NON_RETRYABLE_HUB_ERRORS. Retryable: CONFLICT, ALREADY_EXISTS (a retry adopts),
-    GONE, UNAVAILABLE, TRANSPORT, PROTOCOL, INFRAENV_NOT_READY, IGNITION_FETCH_FAILED, OBJECT_DELETING,
-    NODEPOOL_NOT_FOUND.
+    Non-retryable: see NON_RETRYABLE_HUB_ERRORS (UNAUTHORIZED and FORBIDDEN are retried by the
+    activities that hold a host: `activities.kube.refusals_retried`). Retryable: CONFLICT,
+    ALREADY_EXISTS (a retry adopts), GONE, UNAVAILABLE (also a 404 that does not name the object),
+    TRANSPORT, PROTOCOL, INFRAENV_NOT_READY, IGNITION_FETCH_FAILED, OBJECT_DELETING, NODEPOOL_NOT_FOUND.
     """
 
     # Kubernetes API status mapping.

@@ -52,13 +52,20 @@ class ApiError(Exception):
     """Raised anywhere in request handling; the routes turn it into the Status response."""
 
     def __init__(
-        self, code: int, reason: Reason, message: str, details: dict[str, Any] | None = None
+        self,
+        code: int,
+        reason: Reason,
+        message: str,
+        details: dict[str, Any] | None = None,
+        *,
+        plain: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details
+        self.plain = plain  # answered as the bare text, not as a Status (see page_not_found)
 
     def status(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -109,6 +116,12 @@ def path_not_found() -> ApiError:
     )
 
 
+def page_not_found() -> ApiError:
+    """A 404 that is no Status: what a proxy in front of the hub, or the apiserver's own handler of
+    paths it does not serve, answers (text/plain `404 page not found`)."""
+    return ApiError(404, Reason.NOT_FOUND, "404 page not found", plain=True)
+
+
 def method_not_allowed(verb: str, plural: str, group: str) -> ApiError:
     return ApiError(
         405,
@@ -152,6 +165,11 @@ def invalid(kind: str, group: str, name: str, causes: list[Cause]) -> ApiError:
 def unprocessable(message: str) -> ApiError:
     # What a real server answers for a JSON patch that cannot be applied.
     return ApiError(422, Reason.INVALID, message)
+
+
+def forbidden(plural: str, group: str, name: str, why: str) -> ApiError:
+    subject = f'{qualified(plural, group)} "{name}"' if name else qualified(plural, group)
+    return ApiError(403, Reason.FORBIDDEN, f"{subject} is forbidden: {why}", _details(group, plural, name))
 
 
 def forbidden_terminating(plural: str, group: str, name: str, namespace: str) -> ApiError:

@@ -20,6 +20,9 @@ from lab.hub.stats import Verb
 class FaultCode(IntEnum):
     INTERNAL_ERROR = 500
     CONFLICT = 409
+    UNAUTHORIZED = 401  # the token refused (a rotation the client has not followed)
+    FORBIDDEN = 403  # a permission missing (a role a rollout forgot)
+    NOT_FOUND = 404  # a plain-text page, no Status: a proxy's, or a path the hub does not serve
 
 
 class _Model(BaseModel):
@@ -106,6 +109,12 @@ class ApiFaults:
     def _error(code: FaultCode, rt: ResourceType, name: str) -> ApiError:
         if code is FaultCode.CONFLICT:
             return errors.conflict(rt.plural, rt.group, name)
+        if code is FaultCode.UNAUTHORIZED:
+            return errors.unauthorized()
+        if code is FaultCode.FORBIDDEN:
+            return errors.forbidden(rt.plural, rt.group, name, "injected fault (lab API faults)")
+        if code is FaultCode.NOT_FOUND:
+            return errors.page_not_found()
         return errors.internal_error("Internal error occurred: injected fault (lab API faults)")
 
     def cut_watch(self, user: str, rt: ResourceType, events_sent: int) -> bool:

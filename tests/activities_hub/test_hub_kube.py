@@ -489,6 +489,36 @@ async def test_a_wait_on_an_object_the_cache_lacks_reads_it_once_a_tick_and_keep
         assert kube.stats.requests["get"] - gets <= 8  # the first read, then one a tick
 
 
+async def test_a_wait_never_takes_the_caches_copy_of_an_object_the_hub_deleted(tmp_path, api):
+    """The hub deleted the object, the informer cannot hear it (its streams cut, every list and
+    watch refused) and still holds it: the wait's fresh read says absent, and the cache's copy of
+    the deleted object is never evaluated as if it existed (found by review: a deleted InfraEnv's
+    cached URL was taken for its image ready)."""
+    async with _secrets_on_a_hub_of_its_own(tmp_path, api) as (api, kube):
+        api.create("Secret", {"metadata": {"name": "doomed"}, "data": {"k": "dg=="}})
+        informer = kube.informer(SECRETS)
+        await informer.wait(lambda: informer.get("default", "doomed"), tick_seconds=0.5)
+        refused = {"code": 500, "verbs": ["watch", "list"], "resources": ["secrets"]}
+        api.set_faults({"errors": [refused], "closeWatchesNow": True})
+        try:
+            api.delete("Secret", "doomed")
+            assert informer.get("default", "doomed") is not None  # the blind cache still has it
+            with pytest.raises(WaitTimedOut):
+                await asyncio.wait_for(
+                    kube.wait_object(
+                        SECRETS,
+                        "default",
+                        "doomed",
+                        lambda obj: (obj or {}).get("data") or None,
+                        deadline=datetime.now(UTC) + timedelta(seconds=2),
+                        tick_seconds=0.5,
+                    ),
+                    30,
+                )
+        finally:
+            api.clear_faults()
+
+
 @contextlib.asynccontextmanager
 async def _secrets_on_a_hub_of_its_own(tmp_path, api) -> AsyncIterator[tuple[Any, HubKube]]:
     """A hub of the test's own (its faults touch no other test), its API client, and a HubKube whose

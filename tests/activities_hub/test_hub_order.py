@@ -4,13 +4,16 @@ and Events."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.hub import cluster_release
+from activities.kube import CLUSTER_ORDERS
 from contracts.hub import (
     ClusterReleaseInput,
     Condition,
@@ -385,3 +388,27 @@ async def test_failing_event_writes_never_hold_the_status_back(api, api_hub_acts
     assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 0
     assert api.requests_by(kit.worker_user, "create", "events") - creates == 3  # one try each
     api.patch("ClusterOrder", "order-1", {"metadata": {"finalizers": None}})
+
+
+async def test_the_cached_order_holds_no_pull_secret_even_in_kubectls_annotation(api, api_kube, kit):
+    """`kubectl apply` keeps the whole applied object, pull secret included, in an annotation: the
+    process's cache of ClusterOrders keeps neither that copy nor the spec's (found by review)."""
+    order = api.order("order-applied")
+    applied = json.dumps({"spec": order["spec"]})
+    api.patch(
+        "ClusterOrder",
+        "order-applied",
+        {
+            "metadata": {
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": applied, "keep": "me"}
+            }
+        },
+    )
+    informer = api_kube.informer(CLUSTER_ORDERS)
+
+    def annotated() -> dict[str, Any] | None:
+        cached = informer.get(api.ns, "order-applied")
+        return cached if cached and (cached["metadata"].get("annotations") or {}).get("keep") else None
+
+    cached = await informer.wait(annotated, deadline=datetime.now(UTC) + timedelta(seconds=30))
+    assert kit.pull_secret_marker not in json.dumps(cached)

@@ -106,6 +106,28 @@ def test_injected_errors_hit_only_the_chosen_verbs_and_resources(lab_http, lab_c
     lab_custom.patch_namespaced_custom_object_status(group, version, "default", plural, "a", {"status": {}})
 
 
+def test_injected_refusals_and_a_404_page(lab_http, lab_custom) -> None:
+    """401 and 403 answer a Status like the apiserver's; 404 a plain-text page with no Status (a
+    proxy's, or the apiserver's for a path it does not serve), unlike an object's own NotFound."""
+    group, version, plural = AGENT
+    lab_custom.create_namespaced_custom_object(group, version, "default", plural, sample_agent("a"))
+    for code, reason in ((401, "Unauthorized"), (403, "Forbidden")):
+        lab_http.put("/lab/v1/faults/api", json={"errors": [{"code": code, "verbs": ["get"], "limit": 1}]})
+        with pytest.raises(ApiException) as caught:
+            lab_custom.get_namespaced_custom_object(group, version, "default", plural, "a")
+        assert caught.value.status == code and api_status(caught.value)["reason"] == reason
+    assert api_status(caught.value)["details"] == {"name": "a", "kind": plural, "group": group}
+    lab_http.put("/lab/v1/faults/api", json={"errors": [{"code": 404, "verbs": ["get"], "limit": 1}]})
+    page = lab_http.get(f"{_agents_path()}/a")
+    assert page.status_code == 404 and page.text == "404 page not found\n"
+    assert page.headers["content-type"].startswith("text/plain")
+    assert lab_http.get(f"{_agents_path()}/a").status_code == 200  # limit reached
+    missing = lab_http.get(f"{_agents_path()}/nope").json()  # an object's own NotFound names it
+    assert missing["reason"] == "NotFound"
+    assert missing["details"] == {"name": "nope", "kind": plural, "group": group}
+    lab_http.delete("/lab/v1/faults/api")
+
+
 def test_error_rates_are_repeatable_for_a_seed(lab_http) -> None:
     def pattern() -> list[int]:
         lab_http.put(
