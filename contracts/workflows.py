@@ -100,18 +100,25 @@ def node_set_problem(
     of the rules: `ClusterWorkersWorkflow.set_node_sets` refuses with it, and the controller and the
     CLI check it before they send a command, so an order is refused without starting a workflow.
 
-    `instance_types`: the known ones (none known: any). `current`: the node sets the workflow holds
-    now (none before it exists), for the guard against mass scale-downs: the workers leaving are
-    counted per node set, so renaming a node set's instance type removes all its workers. `order` and
-    `next_index` (the next worker slot's index): for the names new workers would be given."""
+    `instance_types`: the known ones (none known: any), checked only for the node sets that would
+    get new hosts (new, raised, or given another type): a type BMaaS withdrew can still be lowered,
+    released or left as it is while another node set changes. `current`: the node sets the workflow
+    holds now (none before it exists), for the guard against mass scale-downs: the workers leaving
+    are counted per node set, so renaming a node set's instance type removes all its workers. `order`
+    and `next_index` (the next worker slot's index): for the names new workers would be given."""
     names = [n.name for n in node_sets]
     for name in sorted({n for n in names if names.count(n) > 1}):
         return f"node_sets[].name: duplicate node set {name!r}"
     known = set(instance_types)
+    held = {n.name: n for n in current}
     for i, node_set in enumerate(node_sets):
         if node_set.count < 0:
             return f"node_sets[{i}].count: must not be negative (got {node_set.count})"
-        if known and node_set.instance_type not in known:
+        before = held.get(node_set.name)
+        needs_hosts = (
+            before is None or node_set.instance_type != before.instance_type or node_set.count > before.count
+        )
+        if known and needs_hosts and node_set.instance_type not in known:
             return (
                 f"node_sets[{i}].instance_type: unknown instance type {node_set.instance_type!r}"
                 f" (known: {', '.join(sorted(known))})"

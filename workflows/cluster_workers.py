@@ -142,6 +142,16 @@ class ClusterPatch(StrEnum):
     RECREATED_INFRAENV_WAITED_ASIDE = "recreated-infraenv-waited-aside"
     # A status write refused when the run is due to continue as new no longer holds it there.
     CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS = "continue-as-new-past-a-refused-status"
+    # The waits for the hosted cluster and for a discovery image, refused for good by the hub (a
+    # 401/403), show the refusal and are made again after `prerequisite_recheck`, instead of failing
+    # this workflow (preparing) or ending the wait beside the main loop without a word.
+    HUB_WAIT_REFUSALS_ASKED_AGAIN = "hub-wait-refusals-asked-again"
+    # A new slot whose worker workflow id is held by a run this workflow did not start (a worker of
+    # an earlier run of the order, a reset) is dropped, not adopted; the next pass starts another.
+    TAKEN_WORKER_IDS_SKIPPED = "taken-worker-ids-skipped"
+    # Once every worker is released, an InfraEnv delete the hub refuses (the ClusterOrder's garbage
+    # collection takes it) and a last status write it refuses are given up: the workflow completes.
+    DECOMMISSION_ENDS_PAST_REFUSALS = "decommission-ends-past-refusals"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -392,17 +402,32 @@ class ClusterWorkersWorkflow:
                 await self._continue_as_new(publisher)
 
         if self._facts is not None or self._cluster is not None:
-            await self._hub(
-                HubActivity.DELETE_INFRAENV,
-                InfraEnvRef.for_order(order),
-                None,
-                summary=f"Delete InfraEnv {order.infraenv_name}",
-            )
+            try:
+                await self._hub(
+                    HubActivity.DELETE_INFRAENV,
+                    InfraEnvRef.for_order(order),
+                    None,
+                    summary=f"Delete InfraEnv {order.infraenv_name}",
+                )
+            except ActivityError as err:
+                if not workflow.patched(ClusterPatch.DECOMMISSION_ENDS_PAST_REFUSALS.value):
+                    raise
+                # Every host is released: failing now would keep the deleting order's finalizer for
+                # an object owner-referenced by the ClusterOrder, garbage-collected with it.
+                workflow.logger.warning(
+                    "InfraEnv %s not deleted (it goes with the ClusterOrder): %s",
+                    order.infraenv_name,
+                    err.cause or err,
+                )
         self._finished = True
         host_check.cancel()
         security_groups.cancel()
         recreated_image.cancel()
-        await self._flush_status(publisher)
+        # A last write the hub refuses for good is given up after its call timeout: retried for ever,
+        # it held the run (and the controller the finalizer) until the server's history limit.
+        await self._flush_status(
+            publisher, or_give_up=workflow.patched(ClusterPatch.DECOMMISSION_ENDS_PAST_REFUSALS.value)
+        )
         return self.status()
 
     async def _prepare(self) -> None:
@@ -411,15 +436,7 @@ class ClusterWorkersWorkflow:
         self._facts = await self._read_order_facts() or self._facts
         if self._decommissioning or self._facts is None:
             return
-        self._cluster = await self._until_decommissioned(
-            self._hub(
-                HubActivity.WAIT_CLUSTER_REFERENCE,
-                WaitClusterReferenceInput(order=order),
-                ClusterReference,
-                summary="Wait for the hosted cluster to be provisioned",
-                wait=True,
-            )
-        )
+        self._cluster = await self._wait_cluster_reference()
         if self._cluster is None:
             return
         while not self._decommissioning:
@@ -539,6 +556,37 @@ class ClusterWorkersWorkflow:
                     )
                 await self._recheck_later()
         return None
+
+    async def _wait_cluster_reference(self) -> ClusterReference | None:
+        """The hosted cluster, once provisioned; None when a decommission made it moot. A hub that
+        refuses to show the order (a 401/403) is shown and asked again, as the order's read is."""
+        order = self._input.order
+        while True:
+            try:
+                cluster: ClusterReference | None = await self._until_decommissioned(
+                    self._hub(
+                        HubActivity.WAIT_CLUSTER_REFERENCE,
+                        WaitClusterReferenceInput(order=order),
+                        ClusterReference,
+                        summary="Wait for the hosted cluster to be provisioned",
+                        wait=True,
+                    )
+                )
+                return cluster
+            except ActivityError as err:
+                if not workflow.patched(ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value):
+                    raise
+                self._show_refusal(
+                    err,
+                    OrderConditionType.INFRA_ENV_READY,
+                    ConditionStatus.FALSE,
+                    "The hub refused to show the ClusterOrder's hosted cluster; no workers are created"
+                    " until it does.",
+                )
+            if not self._decommissioning:
+                await self._recheck_later()
+            if self._decommissioning:
+                return None
 
     def _facts_outdated(self) -> bool:
         """A command came from an edit of the order made after its facts were read."""
@@ -660,7 +708,7 @@ class ClusterWorkersWorkflow:
         new_slots = [
             self._new_slot(self._node_sets[name]) for name in sorted(starts) for _ in range(starts[name])
         ]
-        await asyncio.gather(*(self._start_child(slot) for slot in new_slots))
+        await asyncio.gather(*(self._start_new_child(slot) for slot in new_slots))
         for slot in victims:
             slot.scale_down_sent = True
         await asyncio.gather(*(self._tell_worker(slot, None) for slot in victims))
@@ -785,18 +833,47 @@ class ClusterWorkersWorkflow:
 
     async def _wait_infraenv_ready(self, infraenv: InfraEnvRef, *, until_edited: bool = False) -> bool:
         """True once the discovery image is ready; False when a decommission (or, `until_edited`, a
-        command) stopped the wait first."""
-        ready = await self._until_decommissioned(
-            self._hub(
-                HubActivity.WAIT_INFRAENV_READY,
-                infraenv,
-                InfraEnvReady,
-                summary="Wait for the discovery image to be ready",
-                wait=True,
-            ),
-            or_edited=until_edited,
-        )
-        return ready is not None
+        command) stopped the wait first. A hub that refuses to show the InfraEnv (a 401/403) is
+        shown and asked again after `prerequisite_recheck`: with `until_edited` (the order's
+        preparation, on the main loop) a command cuts that short and a long refusal continues as
+        new; without (beside the main loop) the main loop's flags are left alone."""
+        while True:
+            try:
+                ready = await self._until_decommissioned(
+                    self._hub(
+                        HubActivity.WAIT_INFRAENV_READY,
+                        infraenv,
+                        InfraEnvReady,
+                        summary="Wait for the discovery image to be ready",
+                        wait=True,
+                    ),
+                    or_edited=until_edited,
+                )
+                return ready is not None
+            except ActivityError as err:
+                if not workflow.patched(ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value):
+                    raise
+                self._show_refusal(
+                    err,
+                    OrderConditionType.INFRA_ENV_READY,
+                    ConditionStatus.FALSE,
+                    "The hub refused to show the InfraEnv; no new host boots until its discovery image"
+                    " is seen ready.",
+                )
+            if not self._wait_stopped(until_edited):
+                if until_edited:
+                    await self._recheck_later()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await workflow.wait_condition(
+                            lambda: self._decommissioning, timeout=self._input.policy.prerequisite_recheck
+                        )
+            if self._wait_stopped(until_edited):
+                return False
+
+    def _wait_stopped(self, until_edited: bool) -> bool:
+        """A decommission (or, `until_edited`, a command) made an image wait pointless."""
+        return self._decommissioning or (until_edited and self._order_edited)
 
     def _plan(
         self, desired: dict[str, int], *, named_always_leave: bool
@@ -834,6 +911,24 @@ class ClusterWorkersWorkflow:
         slot = SlotRecord(spec=spec, status=WorkerStatus(node_set=node_set.name, name=spec.name))
         self._slots[spec.name] = slot
         return slot
+
+    async def _start_new_child(self, slot: SlotRecord) -> None:
+        """A new slot's worker. Its workflow id may still be held by a run this workflow did not
+        start (a worker of an earlier run of the order still finishing, a `temporal workflow
+        reset`): that run is left alone, never adopted, and the slot dropped, so the next pass
+        starts one on the next index (the other starts of the pass go on)."""
+        try:
+            await self._start_child(slot)
+        except WorkflowAlreadyStartedError:
+            if not workflow.patched(ClusterPatch.TAKEN_WORKER_IDS_SKIPPED.value):
+                raise
+            workflow.logger.warning(
+                "worker workflow %s is held by a run this order did not start: slot %s skipped",
+                self._child_id(slot),
+                slot.spec.name,
+            )
+            del self._slots[slot.spec.name]
+            self._touch()  # another pass of the main loop fills the count
 
     async def _start_child(
         self, slot: SlotRecord, *, restart: bool = False, scale_down: bool = False

@@ -126,7 +126,8 @@ async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(st
     kept = SetNodeSets(node_sets=tiny)
     await stack.api.handle(order).execute_update(ClusterWorkersWorkflow.set_node_sets, kept)
     with pytest.raises(CommandError, match=r"node_sets\[1\]\.instance_type: unknown instance type 'bm-tiny'"):
-        await stack.apply(order, {"bm-standard": 4, "bm-tiny": 0})  # withdrawn from the catalog
+        # Withdrawn from the catalog: raising it is refused (lowering or keeping it is not).
+        await stack.apply(order, {"bm-standard": 4, "bm-tiny": 1})
     status = await stack.api.status(order)
     assert status.desired_workers == 4  # nothing of the refused commands entered the workflow
 
