@@ -17,13 +17,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from activities.reporting import DEFAULT_BATCH_WINDOW_S
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
+from worker.health import split_bind
 
 
 class WorkerRole(StrEnum):
@@ -94,6 +95,16 @@ class Settings(BaseSettings):
     health_bind: str | None = Field(
         default=None, description="host:port of the /healthz and /readyz probes; off when unset"
     )
+
+    @field_validator("metrics_bind", "health_bind")
+    @classmethod
+    def _host_and_port(cls, bind: str | None) -> str | None:
+        """Checked at start, with the variable named, not once Temporal and the backends are up."""
+        if bind:
+            _, port = split_bind(bind)
+            if port > 65535:
+                raise ValueError(f"port {port} is above 65535")
+        return bind
 
     def workflow_worker_tuning(self) -> dict[str, Any]:
         """The capacity options of the worker that runs the workflows (`temporalio.worker.Worker`)."""
