@@ -1056,6 +1056,7 @@ class AssistedActivities:
         deadline: datetime | None,
         hold: InstallHold | None = None,
         beat: Heartbeat | None = None,
+        verdict_at_deadline: bool = True,
     ) -> T:
         """Wait on the shared Agent informer (fresh read first, see HubKube.wait_object),
         heartbeating the Agent's state and stage (and what holds it back, see wait_agent_installed).
@@ -1071,6 +1072,7 @@ class AssistedActivities:
             deadline=deadline,
             on_tick=lambda agent: beat(lambda: agent_progress(ref, agent, informer, hold)),
             tick_seconds=every,
+            verdict_at_deadline=verdict_at_deadline,
         )
 
     @activity.defn(name=HubActivity.WAIT_AGENT_INSTALLED.value)
@@ -1106,7 +1108,11 @@ class AssistedActivities:
             deadline = max(input.deadline, hold.deadline_moved_to or input.deadline)
             wake = deadline if recheck is None else min(deadline, datetime.now(UTC) + recheck)
             try:
-                result = await self._wait_agent(ref, evaluate, deadline=wake, hold=hold, beat=beat)
+                # A wake before the deadline only looks at what holds the Agent back; the next call
+                # reads it afresh anyway.
+                result = await self._wait_agent(
+                    ref, evaluate, deadline=wake, hold=hold, beat=beat, verdict_at_deadline=wake >= deadline
+                )
                 break
             except WaitTimedOut:
                 pass

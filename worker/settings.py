@@ -10,6 +10,7 @@ Three groups, each read on its own so a process only validates what it uses:
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
 from datetime import timedelta
@@ -17,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -98,12 +99,20 @@ class Settings(BaseSettings):
 
     @field_validator("metrics_bind", "health_bind")
     @classmethod
-    def _host_and_port(cls, bind: str | None) -> str | None:
+    def _host_and_port(cls, bind: str | None, info: ValidationInfo) -> str | None:
         """Checked at start, with the variable named, not once Temporal and the backends are up."""
         if bind:
             _, port = split_bind(bind)
             if port > 65535:
                 raise ValueError(f"port {port} is above 65535")
+            if info.field_name == "metrics_bind":
+                # The Temporal runtime binds a socket address: an IP, not a host name.
+                try:
+                    ipaddress.ip_address(bind.rpartition(":")[0].strip("[]"))
+                except ValueError:
+                    raise ValueError(
+                        f"expected ip:port (the runtime takes no host name), got {bind!r}"
+                    ) from None
         return bind
 
     def workflow_worker_tuning(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, WorkflowAlreadyStartedError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -410,8 +410,10 @@ class ClusterWorkersWorkflow:
                     summary=f"Delete InfraEnv {order.infraenv_name}",
                 )
             except ActivityError as err:
-                if not workflow.patched(ClusterPatch.DECOMMISSION_ENDS_PAST_REFUSALS.value):
-                    raise
+                if isinstance(err.cause, CancelledError) or not workflow.patched(
+                    ClusterPatch.DECOMMISSION_ENDS_PAST_REFUSALS.value
+                ):
+                    raise  # a cancellation of this workflow stays one
                 # Every host is released: failing now would keep the deleting order's finalizer for
                 # an object owner-referenced by the ClusterOrder, garbage-collected with it.
                 workflow.logger.warning(
@@ -574,8 +576,10 @@ class ClusterWorkersWorkflow:
                 )
                 return cluster
             except ActivityError as err:
-                if not workflow.patched(ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value):
-                    raise
+                if isinstance(err.cause, CancelledError) or not workflow.patched(
+                    ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value
+                ):
+                    raise  # a cancellation of this workflow stays one
                 self._show_refusal(
                     err,
                     OrderConditionType.INFRA_ENV_READY,
@@ -851,8 +855,10 @@ class ClusterWorkersWorkflow:
                 )
                 return ready is not None
             except ActivityError as err:
-                if not workflow.patched(ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value):
-                    raise
+                if isinstance(err.cause, CancelledError) or not workflow.patched(
+                    ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value
+                ):
+                    raise  # a cancellation of this workflow stays one
                 self._show_refusal(
                     err,
                     OrderConditionType.INFRA_ENV_READY,
@@ -915,8 +921,9 @@ class ClusterWorkersWorkflow:
     async def _start_new_child(self, slot: SlotRecord) -> None:
         """A new slot's worker. Its workflow id may still be held by a run this workflow did not
         start (a worker of an earlier run of the order still finishing, a `temporal workflow
-        reset`): that run is left alone, never adopted, and the slot dropped, so the next pass
-        starts one on the next index (the other starts of the pass go on)."""
+        reset`): that run is never adopted but told to leave (its host released, as a victim's),
+        and the slot dropped, so the next pass starts one on the next index (the other starts of
+        the pass go on)."""
         try:
             await self._start_child(slot)
         except WorkflowAlreadyStartedError:
@@ -929,6 +936,15 @@ class ClusterWorkersWorkflow:
             )
             del self._slots[slot.spec.name]
             self._touch()  # another pass of the main loop fills the count
+            # The id is this order's, so the run is a worker of it that nobody tells to leave any
+            # more (abandoned by a reset to before its start): released like a victim, not left
+            # holding its host. One already leaving takes the signal as the no-op it is.
+            try:
+                await workflow.get_external_workflow_handle(self._child_id(slot)).signal(
+                    WorkerNodeWorkflow.scale_down
+                )
+            except ApplicationError as err:
+                workflow.logger.warning("could not tell %s to leave: %s", self._child_id(slot), err)
 
     async def _start_child(
         self, slot: SlotRecord, *, restart: bool = False, scale_down: bool = False

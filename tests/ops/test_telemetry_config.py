@@ -8,12 +8,14 @@ import logging
 import httpx
 import pytest
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 import worker.telemetry as telemetry
 from worker.cli import codec_app
 from worker.codec import KeyRing
 from worker.health import serve_health, split_bind
+from worker.settings import Settings
 from worker.telemetry import (
     TracesExporter,
     build_runtime,
@@ -135,3 +137,21 @@ def test_codec_cli(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     refused = runner.invoke(codec_app, ["serve", "--bind", "127.0.0.1:0"])
     assert refused.exit_code == 2 and "no codec keys" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("OSAC_HEALTH_BIND", "0.0.0.0:99999", "port 99999 is above 65535"),
+        ("OSAC_HEALTH_BIND", "localhost", "expected host:port"),
+        ("OSAC_METRICS_BIND", "metrics.local:9464", "expected ip:port"),
+    ],
+)
+def test_bind_addresses_are_checked_when_the_settings_load(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, problem: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError, match=problem):
+        Settings()
+    monkeypatch.setenv(variable, "[::1]:9464")
+    assert getattr(Settings(), variable.removeprefix("OSAC_").lower()) == "[::1]:9464"

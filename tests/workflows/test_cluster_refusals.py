@@ -218,10 +218,12 @@ async def test_a_refused_wait_for_a_recreated_infraenvs_image_is_shown_and_asked
 async def test_a_worker_id_held_by_a_run_the_order_did_not_start_is_skipped(stack: Stack) -> None:
     """`worker/<ns>/<order>/<order>-worker-0` still runs (a worker of an earlier run of the order
     still finishing, a `temporal workflow reset`) when the order starts afresh from slot 0: that
-    slot is skipped, never adopted, and the order gets its workers on the next indices."""
+    slot is skipped, never adopted, and the order gets its workers on the next indices. The run
+    holding the id is told to leave (an abandoned worker would otherwise hold its host for ever)."""
     order = await stack.create_order({"bm-standard": 2})
     taken = order.worker_name(0)
-    # Any long-running workflow under that id: one nobody polls for stays running, untouched.
+    # Any long-running workflow under that id: one nobody polls for stays running, and only ever
+    # gets the signal.
     foreign = await stack.client.start_workflow(
         "ForeignWorker",
         id=worker_workflow_id(order, taken),
@@ -240,7 +242,7 @@ async def test_a_worker_id_held_by_a_run_the_order_did_not_start_is_skipped(stac
         assert description.status == WorkflowExecutionStatus.RUNNING
         assert description.run_id == foreign.result_run_id
         touched = [
-            e.event_type
+            (e.event_type, e.workflow_execution_signaled_event_attributes.signal_name)
             for e in (await foreign.fetch_history()).events
             if e.event_type
             not in (
@@ -248,7 +250,7 @@ async def test_a_worker_id_held_by_a_run_the_order_did_not_start_is_skipped(stac
                 EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
             )
         ]
-        assert touched == []
+        assert touched == [(EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, "scale_down")]
     finally:
         await foreign.terminate(reason="test cleanup")
     assert await stack.audit_violations() == []
