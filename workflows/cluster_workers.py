@@ -576,14 +576,8 @@ class ClusterWorkersWorkflow:
                 )
                 return cluster
             except ActivityError as err:
-                if isinstance(err.cause, CancelledError) or not workflow.patched(
-                    ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value
-                ):
-                    raise  # a cancellation of this workflow stays one
-                self._show_refusal(
+                self._show_wait_refusal(
                     err,
-                    OrderConditionType.INFRA_ENV_READY,
-                    ConditionStatus.FALSE,
                     "The hub refused to show the ClusterOrder's hosted cluster; no workers are created"
                     " until it does.",
                 )
@@ -855,14 +849,8 @@ class ClusterWorkersWorkflow:
                 )
                 return ready is not None
             except ActivityError as err:
-                if isinstance(err.cause, CancelledError) or not workflow.patched(
-                    ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value
-                ):
-                    raise  # a cancellation of this workflow stays one
-                self._show_refusal(
+                self._show_wait_refusal(
                     err,
-                    OrderConditionType.INFRA_ENV_READY,
-                    ConditionStatus.FALSE,
                     "The hub refused to show the InfraEnv; no new host boots until its discovery image"
                     " is seen ready.",
                 )
@@ -876,6 +864,16 @@ class ClusterWorkersWorkflow:
                         )
             if self._wait_stopped(until_edited):
                 return False
+
+    def _show_wait_refusal(self, err: ActivityError, message: str) -> None:
+        """A hub wait the order's preparation needs ended for good (a refusal): shown, to be asked
+        again. Raises it again where histories from before the patch failed the run, and for a
+        cancellation of this workflow, which stays one."""
+        if isinstance(err.cause, CancelledError) or not workflow.patched(
+            ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN.value
+        ):
+            raise err
+        self._show_refusal(err, OrderConditionType.INFRA_ENV_READY, ConditionStatus.FALSE, message)
 
     def _wait_stopped(self, until_edited: bool) -> bool:
         """A decommission (or, `until_edited`, a command) made an image wait pointless."""

@@ -152,32 +152,27 @@ async def _refusal_shown_and_asked_again(stack: Stack, order: OrderRef, kind: Hu
     await eventually(probe, f"InfraEnvReady=False/{REFUSED} on {order.key} and {kind.value} asked again")
 
 
-async def test_a_refused_wait_for_the_hosted_cluster_is_shown_and_asked_again(stack: Stack) -> None:
-    """The hub answers the wait for the order's hosted cluster with a 403: the order shows the
-    refusal, the wait is made again after `prerequisite_recheck`, and once the hub answers the
-    order's workers come up."""
+@pytest.mark.parametrize(
+    ("refused", "wait"),
+    [
+        ("cluster_reference", HubActivity.WAIT_CLUSTER_REFERENCE),
+        ("infraenv_ready", HubActivity.WAIT_INFRAENV_READY),
+    ],
+)
+async def test_a_refused_wait_while_the_order_prepares_is_shown_and_asked_again(
+    stack: Stack, refused: str, wait: HubActivity
+) -> None:
+    """The hub answers the wait for the order's hosted cluster, or for its first discovery image,
+    with a 403: the order shows the refusal, the wait is made again after `prerequisite_recheck`,
+    and once the hub answers the order's workers come up."""
     order = await stack.create_order({"bm-standard": 1})
-    Refusals.cluster_reference.add(order.key)
+    refusing: set[str] = getattr(Refusals, refused)
+    refusing.add(order.key)
     try:
         await stack.apply(order, {"bm-standard": 1})
-        await _refusal_shown_and_asked_again(stack, order, HubActivity.WAIT_CLUSTER_REFERENCE)
+        await _refusal_shown_and_asked_again(stack, order, wait)
     finally:
-        Refusals.cluster_reference.discard(order.key)
-    status = await _ready(stack, order, 1)
-    assert [c.reason for c in status.conditions if c.type == "InfraEnvReady"] == ["ImageCreated"]
-    await stack.decommission_and_wait(order)
-    assert await stack.bmis(order) == []
-    await _replays_as_it_ran(stack, order, ClusterPatch.HUB_WAIT_REFUSALS_ASKED_AGAIN)
-
-
-async def test_a_refused_wait_for_the_first_discovery_image_is_shown_and_asked_again(stack: Stack) -> None:
-    order = await stack.create_order({"bm-standard": 1})
-    Refusals.infraenv_ready.add(order.key)
-    try:
-        await stack.apply(order, {"bm-standard": 1})
-        await _refusal_shown_and_asked_again(stack, order, HubActivity.WAIT_INFRAENV_READY)
-    finally:
-        Refusals.infraenv_ready.discard(order.key)
+        refusing.discard(order.key)
     status = await _ready(stack, order, 1)
     assert [c.reason for c in status.conditions if c.type == "InfraEnvReady"] == ["ImageCreated"]
     await stack.decommission_and_wait(order)
