@@ -156,6 +156,8 @@ async def test_shared_watch_requests_do_not_grow_with_wait_length(api, api_hub, 
 async def test_many_waiters_share_one_watch(api, api_hub, api_assisted, api_kube, kit):
     informer = api_kube.informer(AGENTS)
     await informer.start()
+    # Counted once its stream is open: start() returns after the list, the watch follows.
+    await informer.wait(lambda: True if informer.connected else None, tick_seconds=0.05)
     watches_before = informer.stats.watches
     hosts = [(f"host-{i}", kit.random_macs()) for i in range(8)]
     runs = [kit.run() for _ in hosts]
