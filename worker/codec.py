@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import logging
 import os
 import re
 import secrets
@@ -34,6 +35,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 
 from worker.settings import CodecSettings
+
+log = logging.getLogger(__name__)
 
 ENCODING = b"binary/encrypted"
 KEY_ID_METADATA = "encryption-key-id"
@@ -125,13 +128,18 @@ class KeyRingSource:
     def current(self) -> KeyRing:
         stamp = self._file_stamp()
         if stamp is not None and stamp != self._stamp:
+            self._stamp = stamp  # a file that cannot be used is not read again until it changes
             try:
                 ring = KeyRing.from_settings(self._settings)
-            except (OSError, CodecConfigError):
-                # A half-written file during rotation: keep the last good ring and look again later.
+            except (OSError, CodecConfigError) as err:
+                # A half-written file during rotation (its next write changes the stamp) or a bad
+                # one: keep the last good ring, and say so once per version of the file.
+                log.warning(
+                    "codec keys file %s not used, keeping the keys in use: %s", self._settings.keys_file, err
+                )
                 return self._ring
             if ring is not None:
-                self._ring, self._stamp = ring, stamp
+                self._ring = ring
         return self._ring
 
 

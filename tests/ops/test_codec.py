@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import secrets
 import uuid
@@ -123,7 +124,9 @@ def test_key_ring_errors_never_show_key_material() -> None:
         generate_key_entry("2025-06\n")  # `$` alone would let a trailing newline through
 
 
-async def test_rotated_key_file_is_picked_up_without_a_restart(tmp_path: Path) -> None:
+async def test_rotated_key_file_is_picked_up_without_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     keys_file = tmp_path / "codec-keys"
     old, new = _key(), _key()
     keys_file.write_text(f"# the ring\nold={old}\n")
@@ -136,9 +139,29 @@ async def test_rotated_key_file_is_picked_up_without_a_restart(tmp_path: Path) -
     written_new = await codec.encode(_payloads("b"))
     assert written_new[0].metadata[KEY_ID_METADATA] == b"new"
     assert await codec.decode(written_old + written_new) == _payloads("a", "b")
-    # A broken file mid-rotation keeps the last good ring.
-    keys_file.write_text("garbage")
-    assert await codec.decode(written_new) == _payloads("b")
+    # A broken file mid-rotation keeps the last good ring, said once, and is not read again (on
+    # every payload) until it changes.
+    with caplog.at_level(logging.WARNING, logger="worker.codec"):
+        keys_file.write_text("garbage")
+        for _ in range(3):
+            assert await codec.decode(written_new) == _payloads("b")
+    warnings = [r for r in caplog.records if r.name == "worker.codec"]
+    assert len(warnings) == 1 and str(keys_file) in warnings[0].getMessage()
+    assert "garbage" not in warnings[0].getMessage()
+    reads = 0
+    real_read = KeyRing.from_settings
+
+    def counted(settings: CodecSettings) -> KeyRing | None:
+        nonlocal reads
+        reads += 1
+        return real_read(settings)
+
+    monkeypatch.setattr(KeyRing, "from_settings", staticmethod(counted))
+    await codec.encode(_payloads("c"))
+    assert reads == 0
+    keys_file.write_text(f"newer={_key()}\nnew={new}\n")
+    assert (await codec.encode(_payloads("d")))[0].metadata[KEY_ID_METADATA] == b"newer"
+    assert reads == 1
 
 
 async def test_connect_wires_codec_and_tracing(
