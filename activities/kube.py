@@ -55,6 +55,7 @@ from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.file_stamp import FileStamp, file_stamp
 from contracts.hub import HubErrorType
 
 log = logging.getLogger(__name__)
@@ -481,15 +482,14 @@ class _TokenFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: FileStamp | None = None
         self._lock = threading.Lock()
 
     def __call__(self, configuration: k8s_client.Configuration) -> None:
         try:
-            st = os.stat(self.path)
+            stamp = file_stamp(self.path)
         except OSError:
             return
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
             return
         with self._lock:

@@ -21,7 +21,6 @@ import base64
 import binascii
 import dataclasses
 import logging
-import os
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 
+from activities.file_stamp import FileStamp, file_stamp
 from worker.settings import CodecSettings
 
 log = logging.getLogger(__name__)
@@ -109,21 +109,20 @@ class KeyRingSource:
 
     def __init__(self, settings: CodecSettings) -> None:
         self._settings = settings
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: FileStamp | None = None
         ring = KeyRing.from_settings(settings)
         if ring is None:
             raise CodecConfigError("no codec keys configured")
         self._ring = ring
         self._stamp = self._file_stamp()
 
-    def _file_stamp(self) -> tuple[int, int, int] | None:
+    def _file_stamp(self) -> FileStamp | None:
         if self._settings.keys_file is None:
             return None
         try:
-            st = os.stat(self._settings.keys_file)
+            return file_stamp(self._settings.keys_file)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def current(self) -> KeyRing:
         stamp = self._file_stamp()

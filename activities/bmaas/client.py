@@ -17,7 +17,6 @@ import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +26,7 @@ from opentelemetry import trace
 from temporalio import activity
 
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
+from activities.file_stamp import FileStamp, file_stamp
 from contracts.bmaas import BmaasErrorType
 
 log = logging.getLogger(__name__)
@@ -51,25 +51,17 @@ def cel_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-@dataclass(frozen=True)
-class _FileStamp:
-    mtime_ns: int
-    size: int
-    inode: int
-
-
 class TokenFile:
     """A bearer token kept in a file (e.g. a mounted secret); re-read whenever the file changes."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._stamp: _FileStamp | None = None
+        self._stamp: FileStamp | None = None
         self._token: str | None = None
 
     def _read(self) -> str:
         try:
-            st = self.path.stat()
-            stamp = _FileStamp(st.st_mtime_ns, st.st_size, st.st_ino)
+            stamp = file_stamp(self.path)
             if stamp != self._stamp or self._token is None:
                 token = self.path.read_text().strip()
                 if not token:
