@@ -331,20 +331,31 @@ class AgentHistory:
             timeout=None,
             verify=self.lab.client.verify,
         ) as http:
+            # Each stream resumes where the last one ended: a state written and overwritten
+            # between two streams would be missed by a watch that starts from the current objects.
+            since: str | None = None
             while not self._stop.is_set():
+                params = {"watch": "true", "timeoutSeconds": "2"}
+                if since is not None:
+                    params["resourceVersion"] = since
                 try:
-                    with http.stream(
-                        "GET", path, params={"watch": "true", "timeoutSeconds": "2"}
-                    ) as response:
+                    with http.stream("GET", path, params=params) as response:
                         self._started.set()
                         for line in response.iter_lines():
-                            if line.strip():
-                                obj = json.loads(line)["object"]
-                                stage = (obj.get("status", {}).get("progress") or {}).get("currentStage")
-                                self.seen.append((obj["metadata"]["name"], host_state(obj), stage))
+                            if not line.strip():
+                                continue
+                            event = json.loads(line)
+                            obj = event["object"]
+                            if event.get("type") == "ERROR":  # expired: start from the objects again
+                                since = None
+                                break
+                            since = obj["metadata"].get("resourceVersion", since)
+                            if event.get("type") == "BOOKMARK":
+                                continue
+                            stage = (obj.get("status", {}).get("progress") or {}).get("currentStage")
+                            self.seen.append((obj["metadata"]["name"], host_state(obj), stage))
                 except httpx.HTTPError:
                     time.sleep(0.05)
-                # A re-watch without resourceVersion replays ADDED events: harmless for sequences.
 
     def states(self, name: str) -> list[str]:
         result: list[str] = []

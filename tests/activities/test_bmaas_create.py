@@ -409,8 +409,9 @@ async def test_a_create_posts_only_within_its_attempt(harness: Harness) -> None:
     # attempt adopts the BMI if the service made it after all.
     harness.ignition.hook = None
     slow = harness.env()
-    slow.info = dataclasses.replace(slow.info, start_to_close_timeout=timedelta(seconds=2.5))
-    await harness.lab.faults(routes={"POST /api/private/v1/baremetal_instances": {"latency_s": 3.0}})
+    # Seconds for the lookups before the POST, so the POST is sent even on a loaded machine.
+    slow.info = dataclasses.replace(slow.info, start_to_close_timeout=timedelta(seconds=5))
+    await harness.lab.faults(routes={"POST /api/private/v1/baremetal_instances": {"latency_s": 6.0}})
     try:
         with pytest.raises(ApplicationError) as unanswered:
             await harness.run(harness.acts.create_worker_instance, harness.slot(4), env=slow)

@@ -328,7 +328,9 @@ async def lab_kube(lab: Lab) -> AsyncIterator[HubKube]:
 async def api_kube(api_hub: RunningHub, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[HubKube]:
     """The activities' client, as its own hub user so the hub's stats count its requests alone."""
     path = api_hub.write_kubeconfig(tmp_path_factory.mktemp("worker") / "kubeconfig", token=WORKER_TOKEN)
-    kube = HubKube.from_kubeconfig(str(path))
+    # Session-long: a stream the hub ends at its timeout and the informer opens again would be
+    # counted by whichever test's window it falls in.
+    kube = HubKube.from_kubeconfig(str(path), watch_timeout_seconds=3600)
     try:
         yield kube
     finally:

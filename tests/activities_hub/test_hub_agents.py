@@ -697,12 +697,12 @@ async def test_an_agent_held_back_by_a_hanging_removal_outlives_its_install_dead
         api.agent(name, kit.random_macs(), labels=SELECTOR, approved=True)
         fit_for_claim(api, name)
 
-    def wait_input(name: str, seconds: float = 0.2) -> WaitAgentInstalledInput:
+    def wait_input(name: str, seconds: float = 0.2, timeout: float = 3) -> WaitAgentInstalledInput:
         return WaitAgentInstalledInput(
             agent=AgentRef(namespace=api.ns, name=name),
             deadline=deadline(seconds),
             nodepool=pool,
-            timeout=timedelta(seconds=3),
+            timeout=timedelta(seconds=timeout),
         )
 
     run = kit.run()
@@ -718,7 +718,9 @@ async def test_an_agent_held_back_by_a_hanging_removal_outlives_its_install_dead
     # window from when it was last seen held, not what was left of its first one.
     api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": "m-leaving"}}})
     run = kit.run()
-    late_input = wait_input("late", seconds=1.5)
+    # The hold moves the deadline a whole window past its last recheck: 6 s leaves the retried
+    # attempt seconds, not a fraction of one, to send its first heartbeat on a loaded machine.
+    late_input = wait_input("late", seconds=1.5, timeout=6)
     late = run.start(api_assisted.wait_agent_installed, late_input)
     await held_back(run, late, by=["leaving"])
     api.patch("Agent", "leaving", {"metadata": {"labels": {"agentMachineRef": None}}})

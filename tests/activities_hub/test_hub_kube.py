@@ -122,6 +122,8 @@ async def test_shared_watch_requests_do_not_grow_with_wait_length(api, api_hub, 
     api.agent("warm-up", kit.random_macs())
     first = kit.run()
     await first(api_assisted.wait_agent_for_macs, _input(api.ns, api.get("Agent", "warm-up"), kit))
+    informer = api_kube.informer(AGENTS)
+    await informer.wait(lambda: True if informer.connected else None, tick_seconds=0.05)  # the watch
 
     async def wait_with_registration_after(delay: float, name: str) -> tuple[int, int]:
         macs = kit.random_macs()
@@ -284,6 +286,8 @@ async def test_informer_keeps_up_when_every_stream_is_cut_after_one_event(tmp_pa
 
 async def test_wait_deadline_and_cancellation(api, api_kube, api_assisted, kit):
     informer = api_kube.informer(AGENTS)
+    # A deadline passed on a cache not synced yet is a HubUnavailable, not a timeout.
+    await informer.wait(lambda: True if informer.synced else None, tick_seconds=0.05)
     with pytest.raises(WaitTimedOut):
         await informer.wait(
             lambda: None, deadline=datetime.now(UTC) + timedelta(seconds=0.3), tick_seconds=0.1

@@ -628,17 +628,10 @@ async def _watch_rogue(stack: Stack, agents: str, taken: list[str]) -> None:
 
 
 async def agent_mac_matching_two_bmis(ctx: Ctx) -> Seen:
-    """A rogue Agent reports the MACs of the two hosts the order is about to get; their own agents
-    never register. Neither worker may take it: it is not unambiguously either host."""
+    """A rogue Agent reports the MACs of the two hosts the order got; their own agents never
+    register. Neither worker may take it: it is not unambiguously either host."""
     stack = ctx.stack
     order = await ctx.library_order()
-    hosts = (await stack.bmaas_http.get("/lab/v1/hosts")).json()["items"]
-    free = [
-        h
-        for h in hosts
-        if h["state"] == "FREE" and h["labels"].get("osac.openshift.io/host-class") == "standard"
-    ]
-    macs = [free[0]["nics"][-1]["mac"], free[1]["nics"][-1]["mac"]]  # allocation takes the first free
     agents = f"{AGENT_API}/namespaces/{order.namespace}/agents"
     rogue = {
         "apiVersion": "agent-install.openshift.io/v1beta1",
@@ -650,6 +643,20 @@ async def agent_mac_matching_two_bmis(ctx: Ctx) -> Seen:
     taken: list[str] = []  # versions of the rogue Agent that a worker approved or labelled
     watcher: asyncio.Task[None] | None = None
     try:
+        since = await ctx.audit_seq()
+        await stack.apply(order, {"bm-standard": 2})
+
+        # The hosts the order actually got (others' releases may free hosts meanwhile), found
+        # well inside the registration timeout the workers wait for their own agents.
+        async def allocated_hosts() -> list[str] | None:
+            records = await ctx.allocations_since(order, since)
+            hosts = {str(r["bmi_name"]): str(r["host_id"]) for r in records}
+            return sorted(hosts.values()) if len(hosts) == 2 else None
+
+        host_ids = await eventually(allocated_hosts, "both workers' hosts allocated", timeout=60)
+        hosts = {h["id"]: h for h in (await stack.bmaas_http.get("/lab/v1/hosts")).json()["items"]}
+        macs = [hosts[host_id]["nics"][-1]["mac"] for host_id in host_ids]
+        watcher = asyncio.create_task(_watch_rogue(stack, agents, taken))
         (await stack.hub_http.post(agents, json=rogue)).raise_for_status()
         inventory = to_agent_inventory(host_inventory("rogue", macs))
         (
@@ -659,8 +666,6 @@ async def agent_mac_matching_two_bmis(ctx: Ctx) -> Seen:
                 headers={"Content-Type": "application/merge-patch+json"},
             )
         ).raise_for_status()
-        watcher = asyncio.create_task(_watch_rogue(stack, agents, taken))
-        await stack.apply(order, {"bm-standard": 2})
 
         async def both_failed() -> list[dict[str, Any]] | None:
             workers = ((await get_order(stack, order)) or {}).get("status", {}).get("workers") or []
