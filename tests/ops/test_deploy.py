@@ -168,8 +168,14 @@ def test_deployments_are_operable(rendered: list[dict[str, Any]], process: str) 
     assert env["TEMPORAL_TLS"] == "true"
 
 
-def test_worker_reads_the_bmaas_token_from_a_mounted_secret(rendered: list[dict[str, Any]]) -> None:
-    deployment = _find(rendered, "Deployment", "osac-workers-worker")
+@pytest.mark.parametrize("process", ["worker", "controller"])
+def test_bmaas_token_and_ca_are_mounted_where_the_settings_point(
+    rendered: list[dict[str, Any]], process: str
+) -> None:
+    """Both processes call BMaaS: the worker's activities, and the controller, which reads the
+    instance-type catalog before it starts or changes an order and lists a deleting order's BMIs
+    before it removes the finalizer. Without the token it could do neither."""
+    deployment = _find(rendered, "Deployment", f"osac-workers-{process}")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = _environment(rendered, deployment)
@@ -182,9 +188,13 @@ def test_worker_reads_the_bmaas_token_from_a_mounted_secret(rendered: list[dict[
     assert secret["secretName"] == "osac-fulfillment-token" and secret["defaultMode"] == 0o400
     # A mounted file, not an env var: rotation reaches the running process.
     assert not any("TOKEN" in item["name"] and "valueFrom" in item for item in container.get("env", []))
-    # The controller never gets the BMaaS token.
-    controller = _find(rendered, "Deployment", "osac-workers-controller")["spec"]["template"]["spec"]
-    assert "fulfillment-token" not in {v["name"] for v in controller["volumes"]}
+    # The private CA, once config.env's line is uncommented, is where that line points.
+    (ca_line,) = [
+        line for line in (DEPLOY / "config.env").read_text().splitlines() if "OSAC_FULFILLMENT_CA_FILE=" in line
+    ]
+    ca_file = Path(ca_line.split("=", 1)[1].strip())
+    assert str(ca_file.parent) == mounts["fulfillment-ca"]["mountPath"]
+    assert volumes["fulfillment-ca"]["configMap"] == {"name": "osac-fulfillment-ca", "optional": True}
 
 
 def test_codec_component_mounts_the_key_ring_in_both_processes(tmp_path: Path) -> None:
