@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -131,27 +132,36 @@ def _seconds(*values: float) -> list[timedelta]:
     return [timedelta(seconds=v) for v in values]
 
 
-class TimingPolicy(BaseModel):
-    """OSAC's defaults; every value overridable per order so tests can run in seconds."""
+# A wait's length or an interval: zero or less would time a wait out at once, or loop without pause.
+Positive = Annotated[timedelta, Field(gt=timedelta(0))]
+# A backoff step or cap: zero is no pause; a negative one would fail the workflow task for good.
+NotNegative = Annotated[timedelta, Field(ge=timedelta(0))]
 
-    agent_registration_timeout: timedelta = timedelta(minutes=30)
-    agent_install_timeout: timedelta = timedelta(minutes=60)
-    agent_unbinding_timeout: timedelta = timedelta(minutes=10)
+
+class TimingPolicy(BaseModel):
+    """OSAC's defaults; every value overridable per order so tests can run in seconds.
+
+    Bounds are checked here, where a caller builds the policy: a workflow started with a zero
+    install timeout or a negative backoff would fail its tasks for good while holding a host."""
+
+    agent_registration_timeout: Positive = timedelta(minutes=30)
+    agent_install_timeout: Positive = timedelta(minutes=60)
+    agent_unbinding_timeout: Positive = timedelta(minutes=10)
     # A BMI not running by then (stuck provisioning, starting or stopped) fails its attempt
     # (BMIProvisioningFailed): its host is released, wiped and another one tried.
     bmi_running_timeout: timedelta = Field(default=timedelta(minutes=60), gt=timedelta(0))
     # Workers of WorkerRevision 2 and earlier: while one waits for its Agent, how often it renews the
     # watch that will signal it (the watch lives in one worker process: a restart costs this delay).
     agent_watch_renewal: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))
-    transient_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(30, 60, 120))
-    transient_backoff_cap: timedelta = timedelta(minutes=5)
-    no_hosts_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
-    no_hosts_backoff_cap: timedelta = timedelta(minutes=30)
-    registration_timeout_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
-    registration_timeout_backoff_cap: timedelta = timedelta(minutes=30)
-    attempt_reset_after_ready: timedelta = timedelta(hours=1)
+    transient_backoff: list[NotNegative] = Field(default_factory=lambda: _seconds(30, 60, 120))
+    transient_backoff_cap: NotNegative = timedelta(minutes=5)
+    no_hosts_backoff: list[NotNegative] = Field(default_factory=lambda: _seconds(300, 900, 1800))
+    no_hosts_backoff_cap: NotNegative = timedelta(minutes=30)
+    registration_timeout_backoff: list[NotNegative] = Field(default_factory=lambda: _seconds(300, 900, 1800))
+    registration_timeout_backoff_cap: NotNegative = timedelta(minutes=30)
+    attempt_reset_after_ready: NotNegative = timedelta(hours=1)
     # A wipe still running after this is shown as HostWipeStuck (the release keeps waiting).
-    wipe_stuck_after: timedelta = timedelta(minutes=30)
+    wipe_stuck_after: Positive = timedelta(minutes=30)
     # How long the cluster workflow gathers status changes before one write to the ClusterOrder.
     # 0: each change is written at once, and the changes that arrive while a write is in flight go
     # in the next (worker processes already send an order's reports together). A window is a
@@ -159,7 +169,7 @@ class TimingPolicy(BaseModel):
     # (1 s by default) only after it: a 0.5 s window held every write about a second.
     status_coalesce: timedelta = Field(default=timedelta(0), ge=timedelta(0))
     # How often a cluster with a missing boot image or cluster reference looks again.
-    prerequisite_recheck: timedelta = timedelta(minutes=1)
+    prerequisite_recheck: Positive = timedelta(minutes=1)
     # How often the cluster workflow asks BMaaS whether its Ready workers' hosts still run (one list
     # per order): a host that failed or was deleted behind our back is then released and replaced.
     ready_host_check: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))

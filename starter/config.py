@@ -12,7 +12,7 @@ from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -59,6 +59,12 @@ def _located(error: ErrorDetails) -> str:
 PRESETS = {TimingPreset.PRODUCTION: TimingPolicy, TimingPreset.DEMO: demo_policy}
 
 
+class _PolicyOverrides(TimingPolicy):
+    """A file's overrides: a misspelt field is refused, not silently left at the preset's value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class StarterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OSAC_", extra="ignore")
 
@@ -83,7 +89,7 @@ class StarterSettings(BaseSettings):
         except (OSError, ValueError) as err:  # missing, unreadable, a directory, not UTF-8
             raise ConfigError([f"{where}: cannot read it: {err}"]) from None
         try:
-            overrides = TimingPolicy.model_validate_json(text)
+            overrides = _PolicyOverrides.model_validate_json(text)
         except ValidationError as err:
             raise ConfigError([f"{where}: {_located(e)}" for e in err.errors()]) from None
         return base.model_copy(update=overrides.model_dump(exclude_unset=True))

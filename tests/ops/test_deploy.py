@@ -189,9 +189,8 @@ def test_bmaas_token_and_ca_are_mounted_where_the_settings_point(
     # A mounted file, not an env var: rotation reaches the running process.
     assert not any("TOKEN" in item["name"] and "valueFrom" in item for item in container.get("env", []))
     # The private CA, once config.env's line is uncommented, is where that line points.
-    (ca_line,) = [
-        line for line in (DEPLOY / "config.env").read_text().splitlines() if "OSAC_FULFILLMENT_CA_FILE=" in line
-    ]
+    config = (DEPLOY / "config.env").read_text().splitlines()
+    (ca_line,) = [line for line in config if "OSAC_FULFILLMENT_CA_FILE=" in line]
     ca_file = Path(ca_line.split("=", 1)[1].strip())
     assert str(ca_file.parent) == mounts["fulfillment-ca"]["mountPath"]
     assert volumes["fulfillment-ca"]["configMap"] == {"name": "osac-fulfillment-ca", "optional": True}

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
@@ -180,6 +181,27 @@ def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest
     assert "greater than 0" in str(refused.value) and "call_timeout" not in str(refused.value)
     # Named by its variable, so the commands can print it and exit 2 (README: exit codes).
     assert str(refused.value).startswith(f"OSAC_TIMING_POLICY_FILE={overrides}: wait_heartbeat_timeout: ")
+    # Values a started workflow could not live with, and a misspelt field (which would leave the
+    # preset's value in place unnoticed), are refused before any workflow gets them.
+    for bad, named in (
+        ({"agent_install_timeout": 0}, "agent_install_timeout: Input should be greater than 0"),
+        ({"wipe_stuck_after": "-PT1S"}, "wipe_stuck_after: Input should be greater than 0"),
+        ({"prerequisite_recheck": 0}, "prerequisite_recheck: Input should be greater than 0"),
+        (
+            {"transient_backoff": ["PT1S", "-PT1S"]},
+            "transient_backoff.1: Input should be greater than or equal to 0",
+        ),
+        ({"no_hosts_backoff_cap": -1}, "no_hosts_backoff_cap: Input should be greater than or equal to 0"),
+        ({"agent_registration_timout": "PT45M"}, "agent_registration_timout: Extra inputs are not permitted"),
+    ):
+        overrides.write_text(json.dumps(bad))
+        with pytest.raises(ValueError) as refused:
+            StarterSettings().policy()
+        assert str(refused.value).startswith(f"OSAC_TIMING_POLICY_FILE={overrides}: {named}"), str(
+            refused.value
+        )
+    with pytest.raises(ValidationError, match="agent_unbinding_timeout"):  # library callers too
+        TimingPolicy(agent_unbinding_timeout=timedelta(0))
     overrides.unlink()
     with pytest.raises(
         ValueError, match="^" + re.escape(f"OSAC_TIMING_POLICY_FILE={overrides}: cannot read it: ")
