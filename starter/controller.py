@@ -61,6 +61,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from activities.bmaas.activities import order_snapshots
 from activities.bmaas.client import BmaasClient
 from activities.hub import order_facts
@@ -345,7 +347,11 @@ class ClusterOrderController:
             if waiter is not None:
                 waiter.cancel()
             return None
-        ref = OrderRef(namespace=namespace, name=name)
+        try:
+            ref = OrderRef(namespace=namespace, name=name)
+        except ValidationError:
+            await self._refuse_name(OrderRef.model_construct(namespace=namespace, name=name), obj)
+            return None  # nothing to retry: only a new order (names are immutable) can change it
         facts = order_facts(ref, obj)
         if facts.unmanaged:
             return None
@@ -360,6 +366,20 @@ class ClusterOrderController:
         if not full and self._generation_applied(obj, managed):
             return None  # e.g. the workflow's own status write: nothing the workflow needs
         return await self._sync(key, ref)
+
+    async def _refuse_name(self, unchecked: OrderRef, obj: KubeObject) -> None:
+        """A bare-metal order whose name is no DNS label (Kubernetes allows dots and 253
+        characters): its name becomes its BMIs' names and its hosts' hostnames, so nothing can be
+        made for it. Said on the order, once per generation; other orders are none of ours."""
+        facts = order_facts(unchecked, obj)
+        if facts.unmanaged or facts.deleting or not (facts.node_sets or facts.invalid_node_requests):
+            return
+        problem = (
+            f"metadata.name: {unchecked.name[:80]!r} is not a DNS label (lowercase letters, digits"
+            " and '-', at most 63 characters); the order's name becomes its hosts' names, so no"
+            " workers are created for it"
+        )
+        await self._reject(unchecked, problem, obj, judged=generation(obj))
 
     def _generation_applied(self, obj: KubeObject, managed: bool) -> bool:
         cond = _accepted_at(obj)

@@ -148,8 +148,12 @@ async def create_order(
     namespace: str | None = None,
     annotations: dict[str, str] | None = None,
     finalizers: list[str] | None = None,
+    name: str | None = None,
 ) -> OrderRef:
-    ref = OrderRef(namespace=namespace or await new_namespace(stack), name=f"o{uuid.uuid4().hex[:8]}")
+    """`name`: any name the hub takes (unchecked here: a test of a name we refuse needs one)."""
+    ref = OrderRef.model_construct(
+        namespace=namespace or await new_namespace(stack), name=name or f"o{uuid.uuid4().hex[:8]}"
+    )
     body = order_body(ref, node_requests, annotations=annotations, finalizers=finalizers)
     response = await stack.hub_http.post(ORDER_PATH.format(namespace=ref.namespace), json=body)
     response.raise_for_status()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -153,6 +154,32 @@ async def test_invalid_orders_get_a_condition_and_nothing_is_allocated(
     await wait_ready(stack, order, 1)
     await delete_order(stack, order)
     await eventually(lambda: _absent(stack, order), f"{order.key} finalized", timeout=120)
+
+
+async def test_an_order_whose_name_is_no_dns_label_gets_a_condition_and_nothing_else(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """Kubernetes takes names with dots; its name would be its hosts' names, so a bare-metal order
+    named so is told why nothing happens (it was retried for ever with a pydantic error), and an
+    order of other kinds named so is left alone."""
+    order = await create_order(stack, bare_metal(bm_standard=1), name=f"o{uuid.uuid4().hex[:6]}.v2")
+    cond = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    assert cond["reason"] == "InvalidNodeRequests"
+    assert cond["message"].startswith(f"metadata.name: '{order.name}' is not a DNS label"), cond["message"]
+    await wait_observed(stack, ctl, order)
+    errors = ctl.controller.stats.errors
+    assert finalizers(await get_order(stack, order)) == []
+    assert await stack.bmis(order) == []
+
+    other = await create_order(
+        stack, [{"numberOfNodes": 2, "resourceClass": "vm-small"}], name=f"o{uuid.uuid4().hex[:6]}.vm"
+    )
+    await wait_observed(stack, ctl, other)
+    assert condition(await get_order(stack, other), "NodeRequestsValid") is None
+    assert ctl.controller.stats.errors == errors  # refused once, not retried as a failure
+    await delete_order(stack, order)
+    await delete_order(stack, other)
+    await eventually(lambda: _absent(stack, order), f"{order.key} gone", timeout=60)
 
 
 async def test_an_invalid_change_keeps_the_running_workers(stack: Stack, ctl: RunningController) -> None:
