@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
+from activities.hub import order_facts
+from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem
@@ -253,3 +255,13 @@ def test_the_schemas_name_every_handler_and_a_stale_file_is_found(tmp_path: Path
     (tmp_path / "Gone.json").write_text("{}\n")
     assert schemas.stale(tmp_path) == ["Gone.json", "SetNodeSets.json"]
     assert schemas.main(["--check", "--dir", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("written", ["unmanaged", "Unmanaged", " unmanaged ", "UNMANAGED\n"])
+def test_the_management_state_annotation_is_read_as_an_operator_means_it(written: str) -> None:
+    """Read as managed, an order an operator meant to detach would be decommissioned on deletion."""
+    order = OrderRef(namespace="ns", name="o")
+    obj = {"metadata": {"name": "o", "annotations": {MANAGEMENT_STATE_ANNOTATION: written}}, "spec": {}}
+    assert order_facts(order, obj).unmanaged
+    obj["metadata"]["annotations"][MANAGEMENT_STATE_ANNOTATION] = "managed"
+    assert not order_facts(order, obj).unmanaged
