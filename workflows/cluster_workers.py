@@ -152,6 +152,9 @@ class ClusterPatch(StrEnum):
     # Once every worker is released, an InfraEnv delete the hub refuses (the ClusterOrder's garbage
     # collection takes it) and a last status write it refuses are given up: the workflow completes.
     DECOMMISSION_ENDS_PAST_REFUSALS = "decommission-ends-past-refusals"
+    # While no boot image is known for the release, each look again reads the order first: the
+    # tenant may have corrected spec.releaseImage (a typo no cluster version offers).
+    RELEASE_READ_AGAIN_WITHOUT_IMAGE = "release-read-again-without-image"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -482,13 +485,16 @@ class ClusterWorkersWorkflow:
                     )
                 break
             except ActivityError as err:
-                if _is_type(err, FailureReason.RHCOS_IMAGE_NOT_FOUND.value):
+                no_image = _is_type(err, FailureReason.RHCOS_IMAGE_NOT_FOUND.value)
+                if no_image:
                     self._set_condition(
                         OrderConditionType.RHCOS_IMAGE_NOT_FOUND,
                         ConditionStatus.TRUE,
                         FailureReason.RHCOS_IMAGE_NOT_FOUND.value,
-                        "No boot image is linked to this cluster version;"
-                        " no workers are created until it is.",
+                        "No boot image is linked to the cluster version of the release the workers"
+                        " boot (spec.releaseImage, or the hosted cluster's when it names none), or no"
+                        " cluster version offers that release; no workers are created until one is."
+                        " A corrected spec.releaseImage is taken at the next look.",
                     )
                 else:
                     # Refused for good by BMaaS (a token rotated before its file, a permission a
@@ -500,6 +506,8 @@ class ClusterWorkersWorkflow:
                         "The bare-metal service refused a request; no workers are created until it answers.",
                     )
                 await self._recheck_later()
+                if no_image and workflow.patched(ClusterPatch.RELEASE_READ_AGAIN_WITHOUT_IMAGE.value):
+                    self._facts = await self._read_order_facts() or self._facts
         while not self._decommissioning:
             ensured = await self._ensure_first_infraenv()
             if ensured is None:

@@ -863,8 +863,9 @@ ROWS = [
         "ClusterOrder condition",
         order_cluster_version_without_boot_image,
         (
-            "RHCOSImageNotFound=True RHCOSImageNotFound: No boot image is linked to this cluster version;"
-            " no workers are created until it is.",
+            "RHCOSImageNotFound=True RHCOSImageNotFound: No boot image is linked to the cluster version"
+            " of the release the workers boot (spec.releaseImage, or the hosted cluster's when it names"
+            " none), or no cluster version offers that release; no workers are created until one is.",
         ),
     ),
     Row("order-mass-scale-down-unannotated", "ClusterOrder condition", order_mass_scale_down, (GUARD,)),

@@ -21,7 +21,14 @@ from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
 from starter.api import WorkersApi
-from tests.workflows.stack import Stack, eventually, fast_policy, running_stack, scheduled_activities
+from tests.workflows.stack import (
+    RELEASE_IMAGE,
+    Stack,
+    eventually,
+    fast_policy,
+    running_stack,
+    scheduled_activities,
+)
 
 ALL = {"rate": 1.0}
 
@@ -369,6 +376,30 @@ async def test_missing_boot_image_creates_nothing_until_linked(stack: Stack) -> 
         return cond if cond and cond["status"] == "False" else None
 
     await eventually(image_found, "RHCOSImageNotFound=False once linked")
+    await _clean_decommission(stack, order)
+
+
+async def test_a_release_image_corrected_while_no_boot_image_is_known_is_taken(stack: Stack) -> None:
+    """A typo in spec.releaseImage (no cluster version offers it) shows RHCOSImageNotFound naming
+    the field; the tenant's correction is read at the next look, with no command needed."""
+    order = await stack.create_order({"bm-standard": 1}, release_image=RELEASE_IMAGE + "-typo")
+    await stack.apply(order, {"bm-standard": 1})
+
+    async def image_missing() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "RHCOSImageNotFound")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = await eventually(image_missing, "RHCOSImageNotFound=True on the ClusterOrder")
+    assert "spec.releaseImage" in cond["message"]
+    assert (await stack.api.status(order)).workers == [] and await stack.bmis(order) == []
+    (
+        await stack.hub_http.patch(
+            f"/apis/osac.openshift.io/v1alpha1/namespaces/{order.namespace}/clusterorders/{order.name}",
+            json={"spec": {"releaseImage": RELEASE_IMAGE}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+    ).raise_for_status()
+    await stack.wait_ready(order, 1)
     await _clean_decommission(stack, order)
 
 
