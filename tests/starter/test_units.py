@@ -9,6 +9,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -261,7 +262,9 @@ def test_the_schemas_name_every_handler_and_a_stale_file_is_found(tmp_path: Path
 def test_the_management_state_annotation_is_read_as_an_operator_means_it(written: str) -> None:
     """Read as managed, an order an operator meant to detach would be decommissioned on deletion."""
     order = OrderRef(namespace="ns", name="o")
-    obj = {"metadata": {"name": "o", "annotations": {MANAGEMENT_STATE_ANNOTATION: written}}, "spec": {}}
-    assert order_facts(order, obj).unmanaged
-    obj["metadata"]["annotations"][MANAGEMENT_STATE_ANNOTATION] = "managed"
-    assert not order_facts(order, obj).unmanaged
+
+    def annotated(value: str) -> dict[str, Any]:
+        return {"metadata": {"name": "o", "annotations": {MANAGEMENT_STATE_ANNOTATION: value}}, "spec": {}}
+
+    assert order_facts(order, annotated(written)).unmanaged
+    assert not order_facts(order, annotated("managed")).unmanaged
