@@ -18,7 +18,7 @@ Per order:
   a new SSH key, which the workflow then brings to the order's InfraEnv), and
   `NodeRequestsValid=True` records the generation that was applied. A mass scale-down refused
   by the workflow's guard is sent again, confirmed, once the order carries the annotation
-  `osac.openshift.io/confirm-scale-down=true`;
+  `osac.openshift.io/confirm-scale-down=true`, which is removed once that scale-down is applied;
 - deleting (with our finalizer): the workflow is told to decommission and the finalizer removed only
   once the workflow completed, i.e. every BMI is gone (wiped) and the InfraEnv deleted, and BMaaS
   lists no BMI of the order. The last check also covers a workflow not found at all (never started,
@@ -69,7 +69,12 @@ from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus
 from contracts.refs import OrderRef
-from contracts.workflows import NodeSetRequest, cluster_workflow_id, node_set_problem
+from contracts.workflows import (
+    CONFIRM_SCALE_DOWN_ANNOTATION,
+    NodeSetRequest,
+    cluster_workflow_id,
+    node_set_problem,
+)
 from starter.api import CommandError, WorkersApi, WorkflowState
 from starter.orders import (
     FINALIZER,
@@ -468,6 +473,10 @@ class ClusterOrderController:
                 await self._reject(ref, str(err), None, generation(obj))
                 return None
         self.stats.applies += 1
+        if confirm and observed is not None and _workers_removed(observed, desired) > 0:
+            # A confirmation covers the scale-down it was given for: left on the order, it would
+            # wave every later mistyped count through the guard.
+            await self._orders.remove_annotation(ref, CONFIRM_SCALE_DOWN_ANNOTATION)
         # The order may have been deleted meanwhile, and another controller may have looked before
         # this start landed (no workflow yet, no BMI yet) and removed our finalizer, or be about to:
         # whoever sees the order deleting after the start decommissions, so nobody else has to.
@@ -705,6 +714,11 @@ class ClusterOrderController:
             self._queue.add(key, True)
 
         self._finish_waiters[key] = asyncio.create_task(wait(), name=f"finished-{key}")
+
+
+def _workers_removed(current: Sequence[NodeSetRequest], desired: Sequence[NodeSetRequest]) -> int:
+    wanted = {n.name: n.count for n in desired}
+    return sum(max(0, n.count - wanted.get(n.name, 0)) for n in current)
 
 
 def _accepted_at(obj: KubeObject) -> KubeObject | None:

@@ -238,6 +238,24 @@ async def test_a_mass_scale_down_waits_for_the_confirmation_annotation(
     await wait_condition(stack, order, "NodeRequestsValid", "True")
     await wait_ready(stack, order, 0)
 
+    # The confirmation was for that scale-down: the next mistyped count is refused again.
+    async def consumed() -> bool:
+        obj = await get_order(stack, order)
+        return obj is not None and CONFIRM not in (obj["metadata"].get("annotations") or {})
+
+    await eventually(consumed, "the confirmation annotation removed once used")
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=3)}})
+    await eventually(lambda: _counts(stack, order, 3), "the scale-up applied")
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=0)}})
+    refused = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    assert "lowering the order from 3 to 0 workers" in refused["message"]
+    await patch_order(stack, order, {"metadata": {"annotations": {CONFIRM: "true"}}})
+    await eventually(lambda: _counts(stack, order, 0), "the confirmed scale-down applied")
+
+
+async def _counts(stack: Stack, order: OrderRef, total: int) -> bool:
+    return sum(n.count for n in (await stack.api.status(order)).node_sets) == total
+
 
 def _payload_texts(node: Any) -> list[str]:
     """Every payload's data in a history (JSON form: base64 `data` beside `metadata`), decoded."""
