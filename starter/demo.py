@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import sys
 import time
@@ -31,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from activities.kube import AGENTS, HubKube, dig
-from contracts.refs import OrderRef
+from contracts.refs import DNS_LABEL, OrderRef
 from contracts.workflows import ClusterWorkersStatus, cluster_workflow_id
 from lab import admin as lab_admin
 from lab.fulfillment.seed import GPU_TYPE, RELEASE_IMAGE, STANDARD_TYPE
@@ -307,6 +308,8 @@ def demo_command(
     ),
 ) -> None:
     """Run the end-to-end demo on the embedded default (stops the stack unless DEMO_KEEP=1)."""
+    if not re.fullmatch(DNS_LABEL, namespace):  # refused before a stack is started for nothing
+        raise typer.BadParameter(f"{namespace!r} is not a DNS label", param_hint="'--namespace'")
     console = Console(soft_wrap=True)
     keep = os.environ.get(KEEP_ENV) == "1"
     options = DevOptions(state_dir=state_dir)

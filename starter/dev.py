@@ -637,10 +637,14 @@ STATE_OPTION = typer.Option(DEFAULT_STATE_DIR, "--state-dir", help="Logs, pids, 
 @dev_app.command("up")
 def up_command(
     state_dir: Path = STATE_OPTION,
-    temporal_port: int = typer.Option(7233, "--temporal-port", help="0 picks a free port."),
-    ui_port: int = typer.Option(8233, "--ui-port", help="Temporal Web UI; 0 picks a free port."),
-    fulfillment_port: int = typer.Option(8100, "--fulfillment-port", help="0 picks a free port."),
-    hub_port: int = typer.Option(8101, "--hub-port", help="0 picks a free port."),
+    temporal_port: int = typer.Option(7233, "--temporal-port", min=0, max=65535, help="0 picks a free port."),
+    ui_port: int = typer.Option(
+        8233, "--ui-port", min=0, max=65535, help="Temporal Web UI; 0 picks a free port."
+    ),
+    fulfillment_port: int = typer.Option(
+        8100, "--fulfillment-port", min=0, max=65535, help="0 picks a free port."
+    ),
+    hub_port: int = typer.Option(8101, "--hub-port", min=0, max=65535, help="0 picks a free port."),
     timing: TimingProfile = typer.Option(TimingProfile.DEMO, "--timing", help="Lab step durations."),
     hosts: int = typer.Option(8, "--hosts", min=1, help="Seeded hosts (N // 4 are GPU hosts)."),
 ) -> None:

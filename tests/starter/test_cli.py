@@ -277,6 +277,13 @@ async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str,
     no_hub = await cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w")
     assert no_hub.returncode == 3
     assert "KUBECONFIG" in no_hub.stderr
+    # Refused before any process is started, naming the option (they were a traceback, or a
+    # pydantic error after the whole stack came up).
+    port = await cli(env, "dev", "up", "--temporal-port", "70000", "--state-dir", "/nonexistent/dev")
+    assert port.returncode == 2 and "'--temporal-port'" in port.stderr and "Traceback" not in port.stderr
+    namespace = await cli(env, "demo", "--namespace", "Bad_NS", "--state-dir", "/nonexistent/dev")
+    assert namespace.returncode == 2 and "'--namespace'" in namespace.stderr
+    assert "'Bad_NS' is not a DNS label" in namespace.stderr
 
 
 async def test_bad_configuration_exits_2_naming_each_variable(env: dict[str, str], tmp_path: Path) -> None:
