@@ -64,7 +64,10 @@ TENANT_MESSAGES: dict[FailureReason, str] = {
     FailureReason.AGENT_UNBINDING_TIMEOUT: "Removing the node is taking longer than expected.",
     FailureReason.RHCOS_IMAGE_NOT_FOUND: "No boot image is available for this cluster version.",
     FailureReason.FULFILLMENT_SERVICE_UNAVAILABLE: "The bare-metal service is unavailable; retrying.",
-    FailureReason.DISCOVERY_IGNITION_TOO_LARGE: "The discovery configuration is too large for the host.",
+    FailureReason.DISCOVERY_IGNITION_TOO_LARGE: (
+        "The discovery configuration, which carries spec.pullSecret and spec.sshPublicKey, is too large"
+        " for the host; waiting for a smaller one."
+    ),
     FailureReason.HOST_WIPE_STUCK: "Releasing the host is taking longer than expected.",
     FailureReason.HOST_LOST: "The worker's bare-metal host stopped working; replacing it.",
     FailureReason.INFRAENV_MISSING: "The cluster's discovery configuration is being recreated; retrying.",

@@ -856,7 +856,10 @@ ROWS = [
         "order-discovery-ignition-over-64KiB",
         "ClusterOrder status.workers[]",
         order_ignition_too_large,
-        ("Failed DiscoveryIgnitionTooLarge: The discovery configuration is too large for the host.",),
+        (
+            "Failed DiscoveryIgnitionTooLarge: The discovery configuration, which carries spec.pullSecret"
+            " and spec.sshPublicKey, is too large for the host; waiting for a smaller one.",
+        ),
     ),
     Row(
         "order-cluster-version-without-boot-image",
