@@ -148,7 +148,12 @@ class OrderOperations:
             observed = cond.get("observedGeneration") if cond else None
             if cond is not None and gen is not None and isinstance(observed, int) and observed >= gen:
                 if cond.get("status") == ConditionStatus.FALSE.value:
-                    raise CommandError(f"order {order.key}: rejected: {cond.get('message')}")
+                    # Written before the workflow judged it: the order keeps asking for it.
+                    raise CommandError(
+                        f"order {order.key}: rejected: {cond.get('message')} (the order's {node_set}"
+                        f" node request now asks for {count}, which the workflow refused: correct it"
+                        " or set it back)"
+                    )
             try:
                 status = await self.api.status(order)
             except OrderNotFound:

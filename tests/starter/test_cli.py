@@ -166,6 +166,24 @@ async def test_decommission_of_an_order_the_controller_leaves_alone(
     assert await stack.bmis(order) == []
 
 
+async def test_a_count_the_workflow_refuses_after_it_was_written_says_what_the_order_asks(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    """The CLI's own check passed (its maximum is not the workflow's), so the count was written
+    before the workflow refused it: the operator is told the order now asks for it."""
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    args = ["scale", order.key, "--node-set", "bm-standard", "--count", "101"]
+    refused = await cli({**env, "OSAC_MAX_WORKERS_PER_ORDER": "200"}, *args)
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert "rejected:" in refused.stderr and "exceed the maximum of 100" in refused.stderr
+    assert "node request now asks for 101, which the workflow refused" in " ".join(refused.stderr.split())
+    assert count_of(await get_order(stack, order), "bm-standard") == 101
+    again = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "1")
+    assert again.returncode == 0, again.stderr
+    assert (await stack.api.status(order)).ready_workers == 1
+
+
 async def test_refusals_exit_1_with_the_reason(
     stack: Stack, ctl: RunningController, env: dict[str, str]
 ) -> None:
