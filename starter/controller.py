@@ -69,12 +69,7 @@ from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus
 from contracts.refs import OrderRef
-from contracts.workflows import (
-    CONFIRM_SCALE_DOWN_ANNOTATION,
-    NodeSetRequest,
-    cluster_workflow_id,
-    node_set_problem,
-)
+from contracts.workflows import NodeSetRequest, cluster_workflow_id, node_set_problem
 from starter.api import CommandError, WorkersApi, WorkflowState
 from starter.orders import (
     FINALIZER,
@@ -432,6 +427,10 @@ class ClusterOrderController:
             # order). Another controller may have applied it a moment ago, before its condition.
             seen = (status.order_generation or 0) >= (generation(obj) or 0)
             if same_node_sets(status.node_sets, desired) and (_accepted_at(obj) is not None or seen):
+                if confirmed(obj) and not _accepted_now(obj):
+                    # Applied with its confirmation, but the controller stopped before it was
+                    # accepted (and the confirmation removed): finish that now.
+                    await self._orders.remove_confirmation(ref, generation(obj))
                 await self._accepted(ref, obj, desired, generation(obj))
                 return None
             observed = status.node_sets
@@ -475,8 +474,9 @@ class ClusterOrderController:
         self.stats.applies += 1
         if confirm and observed is not None and _workers_removed(observed, desired) > 0:
             # A confirmation covers the scale-down it was given for: left on the order, it would
-            # wave every later mistyped count through the guard.
-            await self._orders.remove_annotation(ref, CONFIRM_SCALE_DOWN_ANNOTATION)
+            # wave every later mistyped count through the guard. (Not done, a crash or a refused
+            # write: the next look finds it applied but not yet accepted, below.)
+            await self._orders.remove_confirmation(ref, generation(obj))
         # The order may have been deleted meanwhile, and another controller may have looked before
         # this start landed (no workflow yet, no BMI yet) and removed our finalizer, or be about to:
         # whoever sees the order deleting after the start decommissions, so nobody else has to.
@@ -714,6 +714,12 @@ class ClusterOrderController:
             self._queue.add(key, True)
 
         self._finish_waiters[key] = asyncio.create_task(wait(), name=f"finished-{key}")
+
+
+def _accepted_now(obj: KubeObject) -> bool:
+    """NodeRequestsValid=True recorded for the order's current generation."""
+    cond = _accepted_at(obj)
+    return cond is not None and cond.get("status") == ConditionStatus.TRUE.value
 
 
 def _workers_removed(current: Sequence[NodeSetRequest], desired: Sequence[NodeSetRequest]) -> int:

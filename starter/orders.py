@@ -268,6 +268,22 @@ class HubOrders:
             raise OrderChangeError(f"ClusterOrder {order.key} not found on the hub")
         return self._clean(written)
 
+    async def remove_confirmation(self, order: OrderRef, confirmed_generation: int | None) -> None:
+        """Remove the confirm-scale-down annotation the change of `confirmed_generation` used; kept
+        when the order has changed since (it may be the confirmation of the next change)."""
+
+        async def change(current: KubeObject) -> bool:
+            annotations = meta(current).get("annotations") or {}
+            if (
+                CONFIRM_SCALE_DOWN_ANNOTATION not in annotations
+                or generation(current) != confirmed_generation
+            ):
+                return False
+            await self._patch(current, {"metadata": {"annotations": {CONFIRM_SCALE_DOWN_ANNOTATION: None}}})
+            return True
+
+        await self._cas(order, change)
+
     async def remove_annotation(self, order: OrderRef, key: str) -> None:
         """A merge patch that deletes one key: safe without compare-and-swap."""
         try:

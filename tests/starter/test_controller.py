@@ -12,7 +12,7 @@ import pytest
 
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
-from contracts.workflows import cluster_workflow_id
+from contracts.workflows import NodeSetRequest, cluster_workflow_id
 from starter.api import WorkflowState
 from tests.starter.harness import (
     CONFIRM,
@@ -251,6 +251,32 @@ async def test_a_mass_scale_down_waits_for_the_confirmation_annotation(
     assert "lowering the order from 3 to 0 workers" in refused["message"]
     await patch_order(stack, order, {"metadata": {"annotations": {CONFIRM: "true"}}})
     await eventually(lambda: _counts(stack, order, 0), "the confirmed scale-down applied")
+
+
+async def test_a_confirmation_used_by_a_controller_stopped_before_it_removed_it_is_removed_later(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """The confirmed scale-down reached the workflow, then the controller stopped (or the hub
+    refused the removal) before it removed the confirmation and accepted the change: the next look
+    finishes both, rather than leave the confirmation for every later count."""
+    order = await create_order(stack, bare_metal(bm_standard=3))
+    await wait_condition(stack, order, "NodeRequestsValid", "True")
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=0)}})
+    refused = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    gen = refused["observedGeneration"]
+    # What the stopped controller had sent: the confirmed change, for this generation.
+    await stack.api.apply(
+        order,
+        [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=0)],
+        ["bm-standard"],
+        confirm_scale_down=True,
+        order_generation=gen,
+    )
+    await patch_order(stack, order, {"metadata": {"annotations": {CONFIRM: "true"}}})
+    accepted = await wait_condition(stack, order, "NodeRequestsValid", "True")
+    assert accepted["observedGeneration"] == gen
+    obj = await get_order(stack, order)
+    assert obj is not None and CONFIRM not in (obj["metadata"].get("annotations") or {})
 
 
 async def _counts(stack: Stack, order: OrderRef, total: int) -> bool:

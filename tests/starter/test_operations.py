@@ -58,15 +58,23 @@ async def test_a_named_scale_down_repeated_at_once_releases_no_other_worker(
     ops = operations(stack, ctl)
     w0, w1, w2 = (ref.worker_name(i) for i in range(3))
 
-    outcomes = await asyncio.gather(
-        ops.scale_down_worker(ref, w2), ops.scale_down_worker(ref, w2), return_exceptions=True
+    # BMaaS refuses the release's DELETE until the faults are cleared: the worker stays leaving
+    # (released in a moment, a third call would find it gone rather than leaving).
+    await stack.set_bmaas_faults(
+        routes={"DELETE /api/private/v1/baremetal_instances/{id}": {"error_rate": 1.0}}
     )
-    [first] = [o for o in outcomes if not isinstance(o, BaseException)]
-    [refused] = [o for o in outcomes if isinstance(o, BaseException)]
-    assert isinstance(refused, CommandError) and "is already leaving" in str(refused), refused
-    assert (first.name, first.count) == ("bm-standard", 2)
-    with pytest.raises(CommandError, match=f"{w2} of order {ref.key} is already leaving"):
-        await ops.scale_down_worker(ref, w2)
+    try:
+        outcomes = await asyncio.gather(
+            ops.scale_down_worker(ref, w2), ops.scale_down_worker(ref, w2), return_exceptions=True
+        )
+        [first] = [o for o in outcomes if not isinstance(o, BaseException)]
+        [refused] = [o for o in outcomes if isinstance(o, BaseException)]
+        assert isinstance(refused, CommandError) and "is already leaving" in str(refused), refused
+        assert (first.name, first.count) == ("bm-standard", 2)
+        with pytest.raises(CommandError, match=f"{w2} of order {ref.key} is already leaving"):
+            await ops.scale_down_worker(ref, w2)
+    finally:
+        await stack.clear_bmaas_faults()
     assert count_of(await get_order(stack, ref), "bm-standard") == 2  # lowered once
 
     await wait_ready(stack, ref, 2)
