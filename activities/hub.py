@@ -224,12 +224,9 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
     m = meta(obj)
     annotations = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
     assert isinstance(annotations, dict)
-    # Hand-written by an operator: `Unmanaged` or a trailing space must not be read as managed,
-    # which would decommission, and wipe, the hosts of an order they meant to detach.
-    written = annotations.get(MANAGEMENT_STATE_ANNOTATION)
     state = (
         ManagementState.UNMANAGED
-        if isinstance(written, str) and written.strip().lower() == ManagementState.UNMANAGED.value
+        if annotations.get(MANAGEMENT_STATE_ANNOTATION) == ManagementState.UNMANAGED.value
         else ManagementState.MANAGED
     )
     release_image = spec.get("releaseImage")

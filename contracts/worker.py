@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -135,36 +134,55 @@ def _seconds(*values: float) -> list[timedelta]:
     return [timedelta(seconds=v) for v in values]
 
 
-# A wait's length or an interval: zero or less would time a wait out at once, or loop without pause.
-Positive = Annotated[timedelta, Field(gt=timedelta(0))]
-# A backoff step or cap: zero is no pause; a negative one would fail the workflow task for good.
-NotNegative = Annotated[timedelta, Field(ge=timedelta(0))]
+_POSITIVE = (
+    "agent_registration_timeout",
+    "agent_install_timeout",
+    "agent_unbinding_timeout",
+    "bmi_running_timeout",
+    "agent_watch_renewal",
+    "wipe_stuck_after",
+    "prerequisite_recheck",
+    "ready_host_check",
+    "call_timeout",
+    "wait_heartbeat_timeout",
+)
+_NOT_NEGATIVE = (
+    "transient_backoff",
+    "transient_backoff_cap",
+    "no_hosts_backoff",
+    "no_hosts_backoff_cap",
+    "registration_timeout_backoff",
+    "registration_timeout_backoff_cap",
+    "attempt_reset_after_ready",
+    "status_coalesce",
+)
 
 
 class TimingPolicy(BaseModel):
     """OSAC's defaults; every value overridable per order so tests can run in seconds.
 
-    Bounds are checked here, where a caller builds the policy: a workflow started with a zero
-    install timeout or a negative backoff would fail its tasks for good while holding a host."""
+    `problems()` says which values a workflow cannot live with; callers check it before they start
+    one (`starter`). Not checked when a workflow's input is decoded: a workflow started by older
+    code with such a value must still run, if only to be decommissioned."""
 
-    agent_registration_timeout: Positive = timedelta(minutes=30)
-    agent_install_timeout: Positive = timedelta(minutes=60)
-    agent_unbinding_timeout: Positive = timedelta(minutes=10)
+    agent_registration_timeout: timedelta = timedelta(minutes=30)
+    agent_install_timeout: timedelta = timedelta(minutes=60)
+    agent_unbinding_timeout: timedelta = timedelta(minutes=10)
     # A BMI not running by then (stuck provisioning, starting or stopped) fails its attempt
     # (BMIProvisioningFailed): its host is released, wiped and another one tried.
     bmi_running_timeout: timedelta = Field(default=timedelta(minutes=60), gt=timedelta(0))
     # Workers of WorkerRevision 2 and earlier: while one waits for its Agent, how often it renews the
     # watch that will signal it (the watch lives in one worker process: a restart costs this delay).
     agent_watch_renewal: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))
-    transient_backoff: list[NotNegative] = Field(default_factory=lambda: _seconds(30, 60, 120))
-    transient_backoff_cap: NotNegative = timedelta(minutes=5)
-    no_hosts_backoff: list[NotNegative] = Field(default_factory=lambda: _seconds(300, 900, 1800))
-    no_hosts_backoff_cap: NotNegative = timedelta(minutes=30)
-    registration_timeout_backoff: list[NotNegative] = Field(default_factory=lambda: _seconds(300, 900, 1800))
-    registration_timeout_backoff_cap: NotNegative = timedelta(minutes=30)
-    attempt_reset_after_ready: NotNegative = timedelta(hours=1)
+    transient_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(30, 60, 120))
+    transient_backoff_cap: timedelta = timedelta(minutes=5)
+    no_hosts_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
+    no_hosts_backoff_cap: timedelta = timedelta(minutes=30)
+    registration_timeout_backoff: list[timedelta] = Field(default_factory=lambda: _seconds(300, 900, 1800))
+    registration_timeout_backoff_cap: timedelta = timedelta(minutes=30)
+    attempt_reset_after_ready: timedelta = timedelta(hours=1)
     # A wipe still running after this is shown as HostWipeStuck (the release keeps waiting).
-    wipe_stuck_after: Positive = timedelta(minutes=30)
+    wipe_stuck_after: timedelta = timedelta(minutes=30)
     # How long the cluster workflow gathers status changes before one write to the ClusterOrder.
     # 0: each change is written at once, and the changes that arrive while a write is in flight go
     # in the next (worker processes already send an order's reports together). A window is a
@@ -172,7 +190,7 @@ class TimingPolicy(BaseModel):
     # (1 s by default) only after it: a 0.5 s window held every write about a second.
     status_coalesce: timedelta = Field(default=timedelta(0), ge=timedelta(0))
     # How often a cluster with a missing boot image or cluster reference looks again.
-    prerequisite_recheck: Positive = timedelta(minutes=1)
+    prerequisite_recheck: timedelta = timedelta(minutes=1)
     # How often the cluster workflow asks BMaaS whether its Ready workers' hosts still run (one list
     # per order): a host that failed or was deleted behind our back is then released and replaced.
     ready_host_check: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))
@@ -182,6 +200,21 @@ class TimingPolicy(BaseModel):
     # A wait that has not heartbeated for this long is handed to another worker: how soon the waits
     # of a worker that died move on. The waits heartbeat every third of it (activities.heartbeats).
     wait_heartbeat_timeout: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0))
+
+    def problems(self) -> list[str]:
+        """Values a started workflow could not live with, one line each naming the field: a zero
+        or negative timeout or recheck (a wait timed out at once, a loop without pause; some fail
+        the workflow task for good while it holds a host), a negative backoff step or cap."""
+        found: list[str] = []
+        for name in _POSITIVE:
+            if getattr(self, name) <= timedelta(0):
+                found.append(f"{name}: must be greater than 0")
+        for name in _NOT_NEGATIVE:
+            value = getattr(self, name)
+            for where, step in enumerate(value) if isinstance(value, list) else [(None, value)]:
+                if step < timedelta(0):
+                    found.append(f"{name}{'' if where is None else f'.{where}'}: must not be negative")
+        return found
 
     def backoff(self, reason: FailureReason, failures_in_a_row: int) -> timedelta:
         """Backoff before the next attempt after `failures_in_a_row` (>= 1) failures."""

@@ -116,6 +116,8 @@ class WorkersApi:
         self.task_queue = task_queue
         self.bmaas_task_queue = bmaas_task_queue
         self.policy = policy or TimingPolicy()
+        if problems := self.policy.problems():  # refused before any workflow is started with it
+            raise ValueError("policy: " + "; ".join(problems))
         self.max_workers_per_order = max_workers_per_order
 
     def handle(self, order: OrderRef) -> WorkflowHandle[ClusterWorkersWorkflow, ClusterWorkersStatus]:

@@ -92,4 +92,7 @@ class StarterSettings(BaseSettings):
             overrides = _PolicyOverrides.model_validate_json(text)
         except ValidationError as err:
             raise ConfigError([f"{where}: {_located(e)}" for e in err.errors()]) from None
-        return base.model_copy(update=overrides.model_dump(exclude_unset=True))
+        policy = base.model_copy(update=overrides.model_dump(exclude_unset=True))
+        if problems := policy.problems():
+            raise ConfigError([f"{where}: {problem}" for problem in problems])
+        return policy

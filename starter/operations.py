@@ -151,8 +151,8 @@ class OrderOperations:
                     # Written before the workflow judged it: the order keeps asking for it.
                     raise CommandError(
                         f"order {order.key}: rejected: {cond.get('message')} (the order's {node_set}"
-                        f" node request now asks for {count}, which the workflow refused: correct it"
-                        " or set it back)"
+                        f" node request now asks for {count}, which was refused: correct it or set it"
+                        " back)"
                     )
             try:
                 status = await self.api.status(order)

@@ -42,12 +42,16 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="OSAC_", extra="ignore")
 
-    fulfillment_url: str = Field(default="http://127.0.0.1:8100", description="BMaaS private API base URL")
+    fulfillment_url: str = Field(
+        default="http://127.0.0.1:8100",
+        description="BMaaS root URL, no path (the client adds /api/private/v1)",
+    )
     fulfillment_token_file: Path = Field(
         default=Path("/var/run/secrets/osac/fulfillment-token"), description="bearer token, re-read on change"
     )
     fulfillment_ca_file: Path | None = Field(
-        default=None, description="PEM CA bundle to verify the BMaaS API with; the system store when unset"
+        default=None,
+        description="PEM CA bundle to verify BMaaS with; certifi's (or SSL_CERT_FILE) when unset",
     )
     kubeconfig: Path | None = Field(
         default=None,

@@ -493,8 +493,7 @@ class ClusterWorkersWorkflow:
                         FailureReason.RHCOS_IMAGE_NOT_FOUND.value,
                         "No boot image is linked to the cluster version of the release the workers"
                         " boot (spec.releaseImage, or the hosted cluster's when it names none), or no"
-                        " cluster version offers that release; no workers are created until one is."
-                        " A corrected spec.releaseImage is taken at the next look.",
+                        " cluster version offers that release; no workers are created until one is.",
                     )
                 else:
                     # Refused for good by BMaaS (a token rotated before its file, a permission a
@@ -506,7 +505,11 @@ class ClusterWorkersWorkflow:
                         "The bare-metal service refused a request; no workers are created until it answers.",
                     )
                 await self._recheck_later()
-                if no_image and workflow.patched(ClusterPatch.RELEASE_READ_AGAIN_WITHOUT_IMAGE.value):
+                if (
+                    no_image
+                    and not self._decommissioning
+                    and workflow.patched(ClusterPatch.RELEASE_READ_AGAIN_WITHOUT_IMAGE.value)
+                ):
                     self._facts = await self._read_order_facts() or self._facts
         while not self._decommissioning:
             ensured = await self._ensure_first_infraenv()

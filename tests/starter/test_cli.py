@@ -177,7 +177,7 @@ async def test_a_count_the_workflow_refuses_after_it_was_written_says_what_the_o
     refused = await cli({**env, "OSAC_MAX_WORKERS_PER_ORDER": "200"}, *args)
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
     assert "rejected:" in refused.stderr and "exceed the maximum of 100" in refused.stderr
-    assert "node request now asks for 101, which the workflow refused" in " ".join(refused.stderr.split())
+    assert "node request now asks for 101, which was refused" in " ".join(refused.stderr.split())
     assert count_of(await get_order(stack, order), "bm-standard") == 101
     again = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "1")
     assert again.returncode == 0, again.stderr

@@ -9,10 +9,10 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import cast
 
 import pytest
-from pydantic import ValidationError
+from temporalio.client import Client
 
 from activities.hub import order_facts
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
@@ -20,7 +20,7 @@ from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem
 from starter import schemas
-from starter.api import WorkflowState
+from starter.api import WorkersApi, WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
 from starter.controller import WorkQueue, apply_id
 from starter.validation import same_node_sets
@@ -187,14 +187,14 @@ def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest
     # Values a started workflow could not live with, and a misspelt field (which would leave the
     # preset's value in place unnoticed), are refused before any workflow gets them.
     for bad, named in (
-        ({"agent_install_timeout": 0}, "agent_install_timeout: Input should be greater than 0"),
-        ({"wipe_stuck_after": "-PT1S"}, "wipe_stuck_after: Input should be greater than 0"),
-        ({"prerequisite_recheck": 0}, "prerequisite_recheck: Input should be greater than 0"),
+        ({"agent_install_timeout": 0}, "agent_install_timeout: must be greater than 0"),
+        ({"wipe_stuck_after": "-PT1S"}, "wipe_stuck_after: must be greater than 0"),
+        ({"prerequisite_recheck": 0}, "prerequisite_recheck: must be greater than 0"),
         (
             {"transient_backoff": ["PT1S", "-PT1S"]},
-            "transient_backoff.1: Input should be greater than or equal to 0",
+            "transient_backoff.1: must not be negative",
         ),
-        ({"no_hosts_backoff_cap": -1}, "no_hosts_backoff_cap: Input should be greater than or equal to 0"),
+        ({"no_hosts_backoff_cap": -1}, "no_hosts_backoff_cap: must not be negative"),
         ({"agent_registration_timout": "PT45M"}, "agent_registration_timout: Extra inputs are not permitted"),
     ):
         overrides.write_text(json.dumps(bad))
@@ -203,8 +203,12 @@ def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest
         assert str(refused.value).startswith(f"OSAC_TIMING_POLICY_FILE={overrides}: {named}"), str(
             refused.value
         )
-    with pytest.raises(ValidationError, match="agent_unbinding_timeout"):  # library callers too
-        TimingPolicy(agent_unbinding_timeout=timedelta(0))
+    # Library callers too; but a workflow's input recorded with such a value still decodes (a
+    # workflow started by older code must still run, if only to be decommissioned).
+    lax = TimingPolicy(agent_unbinding_timeout=timedelta(0), no_hosts_backoff=[timedelta(seconds=-1)])
+    with pytest.raises(ValueError, match="agent_unbinding_timeout: must be greater than 0"):
+        WorkersApi(cast(Client, None), policy=lax)
+    assert TimingPolicy.model_validate_json(lax.model_dump_json()) == lax
     overrides.unlink()
     with pytest.raises(
         ValueError, match="^" + re.escape(f"OSAC_TIMING_POLICY_FILE={overrides}: cannot read it: ")
@@ -258,13 +262,14 @@ def test_the_schemas_name_every_handler_and_a_stale_file_is_found(tmp_path: Path
     assert schemas.main(["--check", "--dir", str(tmp_path)]) == 1
 
 
-@pytest.mark.parametrize("written", ["unmanaged", "Unmanaged", " unmanaged ", "UNMANAGED\n"])
-def test_the_management_state_annotation_is_read_as_an_operator_means_it(written: str) -> None:
-    """Read as managed, an order an operator meant to detach would be decommissioned on deletion."""
+@pytest.mark.parametrize(
+    ("written", "unmanaged"), [("unmanaged", True), ("Unmanaged", False), (" unmanaged", False)]
+)
+def test_the_management_state_annotation_is_read_exactly_as_osac_reads_it(
+    written: str, unmanaged: bool
+) -> None:
+    """OSAC's other controllers take only `unmanaged`: read more leniently here, an order they
+    still manage (and delete the cluster of) would keep its hosts and its finalizer here."""
     order = OrderRef(namespace="ns", name="o")
-
-    def annotated(value: str) -> dict[str, Any]:
-        return {"metadata": {"name": "o", "annotations": {MANAGEMENT_STATE_ANNOTATION: value}}, "spec": {}}
-
-    assert order_facts(order, annotated(written)).unmanaged
-    assert not order_facts(order, annotated("managed")).unmanaged
+    obj = {"metadata": {"name": "o", "annotations": {MANAGEMENT_STATE_ANNOTATION: written}}, "spec": {}}
+    assert order_facts(order, obj).unmanaged == unmanaged

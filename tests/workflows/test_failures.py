@@ -14,6 +14,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import WORKER_LABEL, WaitAgentInstalledInput, WaitAndHandAgentInput
@@ -29,6 +30,8 @@ from tests.workflows.stack import (
     running_stack,
     scheduled_activities,
 )
+from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
+from workflows.worker_node import WorkerNodeWorkflow
 
 ALL = {"rate": 1.0}
 
@@ -401,6 +404,16 @@ async def test_a_release_image_corrected_while_no_boot_image_is_known_is_taken(s
     ).raise_for_status()
     await stack.wait_ready(order, 1)
     await _clean_decommission(stack, order)
+    history = await stack.api.handle(order).fetch_history()  # the new path replays as it ran
+    assert any(
+        ClusterPatch.RELEASE_READ_AGAIN_WITHOUT_IMAGE.value.encode() in e.SerializeToString()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    )
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    await replayer.replay_workflow(history)
 
 
 async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stack: Stack) -> None:

@@ -248,7 +248,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     (`regressions/`, named after it): a decommission while the order named no release and no NodePool
     had one yet (recorded on 8e6b029 with stand-in activities; it read the order after the wait); a
     run whose status write the hub refused, retried inside the workflow task until the run continued
-    as new past it (recorded on 8ae76b1; the retries now wait on timers)."""
+    as new past it (recorded on 8ae76b1; the retries now wait on timers); an order whose release had
+    no boot image, looked for again and again until one was linked (recorded on 13a70de; each look
+    now reads the order first)."""
     replayer = Replayer(workflows=[ClusterWorkersWorkflow], data_converter=pydantic_data_converter)
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
