@@ -357,28 +357,28 @@ async def test_wipe_failure_stays_deleting_and_the_host_is_never_reused(stack: S
     await stack.api.handle(order).terminate("test cleanup")
 
 
+async def _image_not_found(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
+    async def shown() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "RHCOSImageNotFound")
+        return cond if cond and cond["status"] == status else None
+
+    found: dict[str, Any] = await eventually(shown, f"RHCOSImageNotFound={status} on the ClusterOrder")
+    return found
+
+
 async def test_missing_boot_image_creates_nothing_until_linked(stack: Stack) -> None:
     release = "quay.io/openshift-release-dev/ocp-release:4.19.0-x86_64"
     order = await stack.create_order({"bm-standard": 1}, release_image=release)
     await stack.apply(order, {"bm-standard": 1})
 
-    async def image_missing() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "RHCOSImageNotFound")
-        return cond if cond and cond["status"] == "True" else None
-
-    cond = await eventually(image_missing, "RHCOSImageNotFound=True on the ClusterOrder")
+    cond = await _image_not_found(stack, order, "True")
     assert "boot image" in cond["message"]
     status = await stack.api.status(order)
     assert status.workers == [] and await stack.bmis(order) == []
 
     await stack.link_boot_image(release, "4.19.0")
     await stack.wait_ready(order, 1)
-
-    async def image_found() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "RHCOSImageNotFound")
-        return cond if cond and cond["status"] == "False" else None
-
-    await eventually(image_found, "RHCOSImageNotFound=False once linked")
+    await _image_not_found(stack, order, "False")
     await _clean_decommission(stack, order)
 
 
@@ -388,11 +388,7 @@ async def test_a_release_image_corrected_while_no_boot_image_is_known_is_taken(s
     order = await stack.create_order({"bm-standard": 1}, release_image=RELEASE_IMAGE + "-typo")
     await stack.apply(order, {"bm-standard": 1})
 
-    async def image_missing() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "RHCOSImageNotFound")
-        return cond if cond and cond["status"] == "True" else None
-
-    cond = await eventually(image_missing, "RHCOSImageNotFound=True on the ClusterOrder")
+    cond = await _image_not_found(stack, order, "True")
     assert "spec.releaseImage" in cond["message"]
     assert (await stack.api.status(order)).workers == [] and await stack.bmis(order) == []
     (
