@@ -318,6 +318,7 @@ def controller(
                 namespaces=namespace or settings.controller_namespaces,
                 resync_seconds=resync_seconds or settings.controller_resync_seconds,
                 health_file=health_file,
+                meter=telemetry.runtime.metric_meter if telemetry.runtime is not None else None,
             )
             stop = asyncio.Event()
             install_stop_signals(stop)

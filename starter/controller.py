@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from temporalio.common import MetricCounter, MetricMeter
 
 from activities.bmaas.activities import order_snapshots
 from activities.bmaas.client import BmaasClient
@@ -153,6 +154,22 @@ class ControllerStats:
     errors: int = 0
 
 
+# The stats as Prometheus counters (OSAC_METRICS_BIND), per field: an alert on reconcile errors
+# catches a controller that cannot do its work (no BMaaS token, a hub refusing it) while its probes
+# say ready, since it is alive and its ClusterOrders are listed.
+COUNTERS: dict[str, tuple[str, str]] = {
+    "reconciles": ("osac_controller_reconciles_total", "ClusterOrder reconciles"),
+    "applies": ("osac_controller_applies_total", "Node requests sent to an order's workflow"),
+    "rejections": ("osac_controller_rejections_total", "Node requests refused (NodeRequestsValid=False)"),
+    "decommissions": ("osac_controller_decommissions_total", "Decommissions started"),
+    "finalized": ("osac_controller_finalized_total", "Finalizers removed after a decommission"),
+    "errors": (
+        "osac_controller_reconcile_errors_total",
+        "Reconciles that failed and are retried, by error_type (the exception's class)",
+    ),
+}
+
+
 def apply_id(
     uid: str,
     gen: int | None,
@@ -192,8 +209,10 @@ class ClusterOrderController:
         error_backoff: tuple[float, float] = (0.5, 60.0),
         decommission_poll_seconds: float = 60.0,
         bmaas: BmaasClient | None = None,
+        meter: MetricMeter | None = None,
     ) -> None:
-        """`bmaas`: where the BMIs of a deleting order are listed (the catalog's client by default)."""
+        """`bmaas`: where the BMIs of a deleting order are listed (the catalog's client by default).
+        `meter`: where the stats are also counted (`COUNTERS`), e.g. the process runtime's."""
         self._kube = kube
         self._orders = HubOrders(kube)
         self._api = api
@@ -209,6 +228,9 @@ class ClusterOrderController:
         self._failures: dict[str, int] = {}
         self._finish_waiters: dict[str, asyncio.Task[None]] = {}
         self.stats = ControllerStats()
+        self._counters: dict[str, MetricCounter] = {}
+        if meter is not None:
+            self._counters = {field: meter.create_counter(*named) for field, named in COUNTERS.items()}
         # key -> resourceVersion last reconciled to the end (tests and probes wait on it)
         self.observed: dict[str, str] = {}
 
@@ -303,7 +325,7 @@ class ClusterOrderController:
                 if delay is not None:
                     self._queue.add_after(key, delay)
             except Exception as exc:
-                self.stats.errors += 1
+                self._count("errors", error_type=type(exc).__name__)
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 floor, cap = self._backoff
                 delay = min(cap, floor * 2 ** (failures - 1))
@@ -324,9 +346,15 @@ class ClusterOrderController:
 
     # ------------------------------------------------------------------------------- reconcile
 
+    def _count(self, field: str, **labels: str) -> None:
+        setattr(self.stats, field, getattr(self.stats, field) + 1)
+        counter = self._counters.get(field)
+        if counter is not None:
+            counter.add(1, dict(labels) or None)
+
     async def reconcile(self, key: str, *, full: bool = True) -> float | None:
         """Make the workflow match the order. Returns seconds until the key should be looked at again."""
-        self.stats.reconciles += 1
+        self._count("reconciles")
         cached = self._kube.informer(CLUSTER_ORDERS).get(*key.split("/", 1)) if "/" in key else None
         version = str(meta(cached).get("resourceVersion") or "") if cached is not None else ""
         delay = await self._reconcile(key, full)
@@ -471,7 +499,7 @@ class ClusterOrderController:
             except CommandError as err:
                 await self._reject(ref, str(err), None, generation(obj))
                 return None
-        self.stats.applies += 1
+        self._count("applies")
         if confirm and observed is not None and _workers_removed(observed, desired) > 0:
             # A confirmation covers the scale-down it was given for: left on the order, it would
             # wave every later mistyped count through the guard. (Not done, a crash or a refused
@@ -585,7 +613,7 @@ class ClusterOrderController:
         self, ref: OrderRef, problem: str, obj: KubeObject | None = None, judged: int | None = None
     ) -> None:
         """`judged`: the generation found invalid (a later edit may fix it and is not stamped)."""
-        self.stats.rejections += 1
+        self._count("rejections")
         log.info("order %s: node requests rejected: %s", ref.key, problem)
         await self._orders.set_condition(
             ref,
@@ -631,7 +659,7 @@ class ClusterOrderController:
             return self._decommission_poll
         await self._orders.remove_finalizer(ref)
         self._finish_waiters.pop(key, None)
-        self.stats.finalized += 1
+        self._count("finalized")
         log.info("order %s: workers decommissioned; finalizer removed", ref.key)
         return None
 
@@ -693,7 +721,7 @@ class ClusterOrderController:
             return
         try:
             await self._api.decommission(ref)
-            self.stats.decommissions += 1
+            self._count("decommissions")
             log.info("order %s: deleting; decommissioning its workers", ref.key)
         except CommandError as err:
             log.info("order %s: decommission already under way (%s)", ref.key, err)

@@ -3,17 +3,27 @@ create, change, unmanaged, delete with the finalizer (and without it), invalid o
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from activities.bmaas.client import BmaasClient
+from activities.kube import HubKube
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.workflows import NodeSetRequest, cluster_workflow_id
+from lab.http_server import free_port
 from starter.api import WorkflowState
+from starter.controller import ClusterOrderController
+from starter.validation import InstanceTypeCatalog
+from tests.ops.promtext import Sample, parse, select
 from tests.starter.harness import (
     CONFIRM,
     FINALIZER,
@@ -39,6 +49,7 @@ from tests.starter.harness import (
     workflow_state,
 )
 from tests.workflows.stack import PULL_SECRET, Stack, eventually
+from worker.telemetry import build_runtime
 
 
 async def test_create_change_and_delete_with_the_finalizer(stack: Stack, ctl: RunningController) -> None:
@@ -178,6 +189,51 @@ async def test_an_order_whose_name_is_no_dns_label_gets_a_condition_and_nothing_
     await delete_order(stack, order)
     await delete_order(stack, other)
     await eventually(lambda: _absent(stack, order), f"{order.key} gone", timeout=60)
+
+
+async def test_reconciles_that_fail_are_counted_on_the_metrics_endpoint(
+    stack: Stack, ctl: RunningController, tmp_path: Path
+) -> None:
+    """A controller that cannot do its work (here: no BMaaS token, as the deployed one lacked) is
+    alive and synced, so its probes say ready; its failed reconciles show on /metrics, by error type,
+    for an alert to catch."""
+    runtime, url = None, ""
+    for _ in range(5):  # a port can be taken between the probe and the bind
+        port = free_port()
+        with contextlib.suppress(Exception):
+            runtime = build_runtime(f"127.0.0.1:{port}")
+            url = f"http://127.0.0.1:{port}/metrics"
+            break
+    assert runtime is not None
+    order = await create_order(stack, bare_metal(bm_nope=1))  # the module's controller refuses it
+    kube = HubKube.from_kubeconfig(str(stack.lab.hub.kubeconfig))
+    tokenless = BmaasClient(stack.settings.fulfillment_url, tmp_path / "no-token")
+    controller = ClusterOrderController(
+        kube,
+        stack.api,
+        InstanceTypeCatalog(tokenless),
+        namespaces=[order.namespace],
+        error_backoff=(0.2, 1.0),
+        meter=runtime.metric_meter,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(controller.run(stop))
+    try:
+
+        async def counted() -> list[Sample] | None:
+            async with httpx.AsyncClient() as http:
+                samples = parse((await http.get(url)).text)
+            errors = [s for s in select(samples, "osac_controller_reconcile_errors_total") if s.value >= 2]
+            return errors if errors and select(samples, "osac_controller_reconciles_total") else None
+
+        (errors, *_) = await eventually(counted, "failed reconciles counted on /metrics", timeout=60)
+        assert errors.labels["error_type"] and controller.synced
+        assert controller.stats.errors >= 2 and controller.stats.applies == 0
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await tokenless.aclose()
+        await kube.close()
 
 
 async def test_an_invalid_change_keeps_the_running_workers(stack: Stack, ctl: RunningController) -> None:
