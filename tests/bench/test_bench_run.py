@@ -1,7 +1,9 @@
 """The benchmark harness end to end in a tiny mode: every figure present and sane (no timing asserts).
 
 Runs `python -m bench.run` as a real process (own dev server, twins and worker processes) with three
-workers, the 1x profile only and three workers held for density."""
+workers, the 1x profile only and three workers held for density, the worker split in its two roles
+(`--split-worker`: the one-process worker is the same code with one process to measure, and the
+suite's time is short)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,15 @@ def _bench(tmp_path: Path, *options: str) -> Path:
 
 def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     results_dir = _bench(
-        tmp_path, "--n=3", "--profile-n=3", "--density=3", "--cost-profiles=1x", "--hold=1", "--ready-hold=1"
+        tmp_path,
+        "--n=3",
+        "--profile-n=3",
+        "--density=3",
+        "--cost-profiles=1x",
+        "--hold=1",
+        "--ready-hold=1",
+        "--split-worker",
+        "--keep-workdir",
     )
     [path] = [p for p in results_dir.glob("*.json") if not p.name.endswith(".details.json")]
     results = json.loads(path.read_text())
@@ -91,17 +101,9 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     )
     assert details["density"]["workers"] == 3
 
-
-def test_a_split_worker_is_measured_as_its_two_processes(tmp_path: Path) -> None:
-    """`--split-worker`: a workflow process and an activity process; the figures are their sums.
-    The floor phase alone (zero delays) takes its workers up and down in both processes."""
-    options = ["--n=2", "--density=0", "--cost-profiles="]
-    results_dir = _bench(tmp_path, *options, "--split-worker", "--keep-workdir")
-    [path] = list(results_dir.glob("*.details.json"))
-    details = json.loads(path.read_text())
+    # A workflow process and an activity process; the figures are their sums.
     assert details["settings"]["worker_processes"] == ["workflows", "activities"]
-    floor = details["floor"]
-    assert floor["audit_violations"] == 0 and floor["worker_cpu_s"] > 0
+    assert floor["worker_cpu_s"] > 0
     # Each process ran its own part: its log says which role it had.
     [workdir] = list(tmp_path.glob("osac-bench-*"))
     logs = {
