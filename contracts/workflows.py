@@ -85,6 +85,13 @@ class ScaleDownGuard(BaseModel):
         )
 
 
+def workers_removed(current: Sequence[NodeSetRequest], node_sets: Sequence[NodeSetRequest]) -> int:
+    """How many workers going from `current` to `node_sets` releases, counted per node set (a node
+    set given another instance type releases all its workers)."""
+    requested = {n.name: n.count for n in node_sets}
+    return sum(max(n.count - requested.get(n.name, 0), 0) for n in current)
+
+
 def node_set_problem(
     node_sets: Sequence[NodeSetRequest],
     instance_types: Iterable[str],
@@ -126,9 +133,8 @@ def node_set_problem(
     total = sum(n.count for n in node_sets)
     current_counts = {n.name: n.count for n in current}
     current_total = sum(current_counts.values())
-    requested = {n.name: n.count for n in node_sets}
-    removed = sum(max(count - requested.get(name, 0), 0) for name, count in current_counts.items())
     if not confirm_scale_down:
+        removed = workers_removed(current, node_sets)
         refusal = (guard or ScaleDownGuard()).refusal(current_total, total, removed)
         if refusal:
             return refusal

@@ -68,9 +68,9 @@ from activities.bmaas.activities import order_snapshots
 from activities.bmaas.client import BmaasClient
 from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
-from contracts.hub import ConditionStatus
+from contracts.hub import ConditionStatus, OrderFacts
 from contracts.refs import OrderRef
-from contracts.workflows import NodeSetRequest, cluster_workflow_id, node_set_problem
+from contracts.workflows import NodeSetRequest, cluster_workflow_id, node_set_problem, workers_removed
 from starter.api import CommandError, WorkersApi, WorkflowState
 from starter.orders import (
     FINALIZER,
@@ -389,7 +389,7 @@ class ClusterOrderController:
                 return await self._finalize(key, ref)
             await self._deleting_without_finalizer(ref)
             return None
-        if not (facts.node_sets or facts.invalid_node_requests or managed):
+        if not (_bare_metal(facts) or managed):
             return None  # not a bare-metal order
         if not full and self._generation_applied(obj, managed):
             return None  # e.g. the workflow's own status write: nothing the workflow needs
@@ -400,7 +400,7 @@ class ClusterOrderController:
         characters): its name becomes its BMIs' names and its hosts' hostnames, so nothing can be
         made for it. Said on the order, once per generation; other orders are none of ours."""
         facts = order_facts(unchecked, obj)
-        if facts.unmanaged or facts.deleting or not (facts.node_sets or facts.invalid_node_requests):
+        if facts.unmanaged or facts.deleting or not _bare_metal(facts):
             return
         problem = (
             f"metadata.name: {unchecked.name[:80]!r} is not a DNS label (lowercase letters, digits"
@@ -500,7 +500,7 @@ class ClusterOrderController:
                 await self._reject(ref, str(err), None, generation(obj))
                 return None
         self._count("applies")
-        if confirm and observed is not None and _workers_removed(observed, desired) > 0:
+        if confirm and observed is not None and workers_removed(observed, desired) > 0:
             # A confirmation covers the scale-down it was given for: left on the order, it would
             # wave every later mistyped count through the guard. (Not done, a crash or a refused
             # write: the next look finds it applied but not yet accepted, below.)
@@ -744,15 +744,15 @@ class ClusterOrderController:
         self._finish_waiters[key] = asyncio.create_task(wait(), name=f"finished-{key}")
 
 
+def _bare_metal(facts: OrderFacts) -> bool:
+    """The order asks for bare-metal workers (valid node requests or not)."""
+    return bool(facts.node_sets or facts.invalid_node_requests)
+
+
 def _accepted_now(obj: KubeObject) -> bool:
     """NodeRequestsValid=True recorded for the order's current generation."""
     cond = _accepted_at(obj)
     return cond is not None and cond.get("status") == ConditionStatus.TRUE.value
-
-
-def _workers_removed(current: Sequence[NodeSetRequest], desired: Sequence[NodeSetRequest]) -> int:
-    wanted = {n.name: n.count for n in desired}
-    return sum(max(0, n.count - wanted.get(n.name, 0)) for n in current)
 
 
 def _accepted_at(obj: KubeObject) -> KubeObject | None:
