@@ -71,12 +71,14 @@ from contracts.activities import HubActivity
 from contracts.hub import (
     AGENT_INSTALL_FAILED_STATES,
     AGENT_MACHINE_REF_LABEL,
+    DEFAULT_PULL_SECRET,
     IGNITION_LIMIT_BYTES,
     IGNITION_WARN_BYTES,
     IMAGE_CREATED_CONDITION,
     IMAGE_CREATED_TEXT,
     INFRAENV_LABEL,
     ORDER_LABEL,
+    PULL_SECRET_FIELD,
     PULL_SECRET_KEY,
     REMOVING_LABEL,
     WORKER_LABEL,
@@ -384,8 +386,10 @@ class AssistedActivities:
         obj = await read_order_object(self._kube, order)
         ref = InfraEnvRef.for_order(order)
         pull_secret = dig(obj, "spec", "pullSecret")
+        source = PULL_SECRET_FIELD
         if not isinstance(pull_secret, str) or not pull_secret:
             pull_secret = await self._read_default_pull_secret()
+            source = DEFAULT_PULL_SECRET
         if not pull_secret:
             raise error(
                 f"ClusterOrder {order.key} has no pull secret and no default is configured",
@@ -394,9 +398,28 @@ class AssistedActivities:
                 namespace=order.namespace,
                 name=order.name,
             )
+        problem = pull_secret_problem(pull_secret)
         secret_data = base64.b64encode(pull_secret.encode()).decode()
         del pull_secret
-        secret_created, secret_updated = await self._ensure_secret(ref, obj, secret_data)
+        secret_created = secret_updated = False
+        refused: str | None = None
+        if problem is None:
+            secret_created, secret_updated = await self._ensure_secret(ref, obj, secret_data)
+        else:
+            refused = f"{source} is not a pull secret: {problem}"
+            # Never written: the hosts keep booting with the Secret they have. Without one there is
+            # nothing to keep, and no image could be built from this one.
+            if await self._kube.get_optional(SECRETS, ref.namespace, ref.pull_secret_name) is None:
+                raise error(  # the message is the tenant's text: the field and why, never the value
+                    refused,
+                    HubErrorType.PULL_SECRET_INVALID,
+                    non_retryable=True,
+                    namespace=order.namespace,
+                    name=order.name,
+                    field=source,
+                    problem=problem,
+                )
+            activity.logger.warning("ClusterOrder %s: %s; its Secret is kept", order.key, refused)
         ssh_key = dig(obj, "spec", "sshPublicKey")
         created, updated = await self._ensure_infraenv(
             ref, obj, ssh_key if isinstance(ssh_key, str) else None
@@ -404,7 +427,11 @@ class AssistedActivities:
         if created:
             activity.logger.info("created InfraEnv %s/%s", ref.namespace, ref.name)
         return EnsureInfraEnvResult(
-            infraenv=ref, created=created, secret_created=secret_created, updated=updated or secret_updated
+            infraenv=ref,
+            created=created,
+            secret_created=secret_created,
+            updated=updated or secret_updated,
+            pull_secret_refused=refused,
         )
 
     async def _read_default_pull_secret(self) -> str | None:
@@ -1429,3 +1456,30 @@ class AssistedActivities:
         """Delete the Agent; NotFound counts as success."""
         deleted = await self._kube.delete(AGENTS, agent.namespace, agent.name)
         return DeleteResult(already_gone=not deleted)
+
+
+def pull_secret_problem(text: str) -> str | None:
+    """Why assisted-service would refuse this pull secret (the checks of its ParsePullSecret, none
+    stricter: a good secret refused here would stop the tenant), or None. Registries are named by
+    position, never by key: a malformed paste can hold a credential in a key."""
+    try:
+        parsed = json.loads(text.strip())
+    except ValueError:
+        return "it is not JSON"
+    auths = parsed.get("auths") if isinstance(parsed, dict) else None
+    if not isinstance(auths, dict):
+        return 'it has no "auths" object'
+    for position, entry in enumerate(auths.values(), start=1):
+        where = f'registry {position} of "auths"'
+        if not isinstance(entry, dict) or not ({"auth", "credsStore"} & entry.keys()):
+            return f'{where} has neither "auth" nor "credsStore"'
+        auth = entry.get("auth")
+        if auth is None:
+            continue
+        try:
+            # Go's decoder skips line breaks; so does this one.
+            text_auth = auth.replace("\r", "").replace("\n", "") if isinstance(auth, str) else "?"
+            base64.b64decode(text_auth, validate=True)
+        except ValueError:
+            return f'the "auth" of {where} is not base64'
+    return None

@@ -36,6 +36,9 @@ DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"
 MANAGEMENT_STATE_ANNOTATION = "osac.openshift.io/management-state"
 # Secret key assisted-service reads the pull secret from.
 PULL_SECRET_KEY = ".dockerconfigjson"
+# Where a pull secret came from, as the tenant reads it.
+PULL_SECRET_FIELD = "spec.pullSecret"
+DEFAULT_PULL_SECRET = "the provider's default pull secret (spec.pullSecret is not set)"
 
 # The discovery ignition becomes the BMI's user_data (limit 64 KiB); OSAC warns well before that.
 IGNITION_WARN_BYTES = 48 * 1024
@@ -158,6 +161,7 @@ class HubErrorType(StrEnum):
     # Contract errors of the activities.
     ORDER_NOT_FOUND = "OrderNotFound"
     PULL_SECRET_MISSING = "PullSecretMissing"
+    PULL_SECRET_INVALID = "PullSecretInvalid"
     OBJECT_DELETING = "HubObjectDeleting"
     INFRAENV_NOT_READY = "InfraEnvNotReady"
     IGNITION_FETCH_FAILED = "DiscoveryIgnitionFetchFailed"
@@ -186,6 +190,7 @@ NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
         HubErrorType.FORBIDDEN,
         HubErrorType.ORDER_NOT_FOUND,
         HubErrorType.PULL_SECRET_MISSING,
+        HubErrorType.PULL_SECRET_INVALID,
         HubErrorType.IGNITION_INVALID,
         HubErrorType.NODEPOOL_SELECTOR_INVALID,
         HubErrorType.CLUSTER_REFERENCE_TIMEOUT,
@@ -402,6 +407,8 @@ class EnsureInfraEnvResult(BaseModel):
     secret_created: bool
     # An existing object was patched back to what the order asks for (drift, or adopted).
     updated: bool = False
+    # Why the order's pull secret was not written (the Secret there is kept): field and reason only.
+    pull_secret_refused: str | None = None
 
 
 class InfraEnvReady(BaseModel):

@@ -213,6 +213,16 @@ class ClusterWorkersWorkflow:
         self._publisher: asyncio.Future[None] | None = None
         for condition in carried.conditions:
             self._conditions[OrderConditionType(condition.type)] = condition
+        # While the order's pull secret is refused (the last ensure kept the Secret the image was
+        # built with): what InfraEnvReady=True says instead of ImageCreated.
+        image = self._conditions.get(OrderConditionType.INFRA_ENV_READY)
+        self._pull_secret_note: str | None = (
+            image.message
+            if image is not None
+            and image.reason == HubErrorType.PULL_SECRET_INVALID.value
+            and image.status == ConditionStatus.TRUE
+            else None
+        )
 
     # ----------------------------------------------------------------------------------- API
 
@@ -529,7 +539,7 @@ class ClusterWorkersWorkflow:
             # write and an Event); their histories replay only if it still does.
             if workflow.patched(ClusterPatch.NO_IMAGE_SHOWN_AFTER_DECOMMISSION.value):
                 return
-        self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
+        self._show_image_ready()
         self._events.append(
             self._event(EventReason.INFRA_ENV_CREATED, f"InfraEnv {order.infraenv_name} is ready")
         )
@@ -546,9 +556,19 @@ class ClusterWorkersWorkflow:
                     EnsureInfraEnvResult,
                     summary=f"Ensure InfraEnv {order.infraenv_name}",
                 )
+                self._note_pull_secret(ensured)
                 return ensured
             except ActivityError as err:
-                if _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
+                if _is_type(err, HubErrorType.PULL_SECRET_INVALID.value):
+                    # The activity's message names the field and what is wrong, never the value.
+                    assert isinstance(err.cause, ApplicationError)
+                    self._set_condition(
+                        OrderConditionType.INFRA_ENV_READY,
+                        ConditionStatus.FALSE,
+                        HubErrorType.PULL_SECRET_INVALID.value,
+                        f"{err.cause.message}; no workers are created until it is corrected.",
+                    )
+                elif _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
                     # The tenant can add it to the ClusterOrder at any time: wait for it, never fail.
                     self._set_condition(
                         OrderConditionType.INFRA_ENV_READY,
@@ -740,6 +760,28 @@ class ClusterWorkersWorkflow:
         except ActivityError as err:
             workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
             workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
+            if _is_type(err, HubErrorType.PULL_SECRET_INVALID.value):
+                assert isinstance(err.cause, ApplicationError)
+                self._set_condition(
+                    OrderConditionType.INFRA_ENV_READY,
+                    ConditionStatus.FALSE,
+                    HubErrorType.PULL_SECRET_INVALID.value,
+                    f"{err.cause.message}, and the InfraEnv's pull Secret is gone: no new host boots"
+                    " until spec.pullSecret is corrected.",
+                )
+            return
+        self._note_pull_secret(ensured)
+        current = self._conditions.get(OrderConditionType.INFRA_ENV_READY)
+        if current is not None and current.status == ConditionStatus.TRUE:
+            self._show_image_ready()
+        elif (
+            current is not None
+            and current.reason == HubErrorType.PULL_SECRET_INVALID.value
+            and ensured.pull_secret_refused is None
+            and not ensured.created
+        ):
+            # Its pull Secret was gone and is written again: the image is built again from it.
+            self._infraenv_recreated += 1
             return
         if ensured.created:
             # Someone deleted it: no host can boot until its discovery image is there again.
@@ -766,7 +808,7 @@ class ClusterWorkersWorkflow:
                 " is applied.",
             )
             if await self._wait_infraenv_ready(infraenv):
-                self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
+                self._show_image_ready()
                 self._infraenv_image_seen = wanted
 
     async def _refresh_security_groups(self) -> None:
@@ -875,6 +917,26 @@ class ClusterWorkersWorkflow:
                         )
             if self._wait_stopped(until_edited):
                 return False
+
+    def _note_pull_secret(self, ensured: EnsureInfraEnvResult) -> None:
+        refused = ensured.pull_secret_refused
+        self._pull_secret_note = (
+            None
+            if refused is None
+            else f"{refused}. The discovery image keeps the pull secret it was built with, and new hosts"
+            " boot with it until spec.pullSecret is corrected."
+        )
+
+    def _show_image_ready(self) -> None:
+        if self._pull_secret_note is None:
+            self._set_condition(OrderConditionType.INFRA_ENV_READY, ConditionStatus.TRUE, "ImageCreated")
+        else:
+            self._set_condition(
+                OrderConditionType.INFRA_ENV_READY,
+                ConditionStatus.TRUE,
+                HubErrorType.PULL_SECRET_INVALID.value,
+                self._pull_secret_note,
+            )
 
     def _show_wait_refusal(self, err: ActivityError, message: str) -> None:
         """A hub wait the order's preparation needs ended for good (a refusal): shown, to be asked

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import StreamingResponse
 from temporalio.exceptions import ApplicationError
 
-from activities.assisted import AssistedActivities
+from activities.assisted import AssistedActivities, pull_secret_problem
 from activities.kube import INFRA_ENVS, condition
 from contracts.hub import HubErrorType, InfraEnvRef
 from contracts.refs import OrderRef
@@ -119,6 +119,64 @@ async def test_ensure_infraenv_needs_an_order_and_a_pull_secret(api, api_kube, h
     result = await kit.run()(with_default.ensure_infraenv, order_ref(api, "no-secret"))
     assert result.created
     assert api.get("Secret", "no-secret-pull-secret")["data"][".dockerconfigjson"] == encoded
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("ghp_not-json", "it is not JSON"),
+        ('["quay.io"]', 'it has no "auths" object'),
+        ('{"auths": []}', 'it has no "auths" object'),
+        (
+            '{"auths": {"quay.io": {"email": "a@b"}}}',
+            'registry 1 of "auths" has neither "auth" nor "credsStore"',
+        ),
+        (
+            '{"auths": {"a.io": {"auth": "YTpi"}, "b.io": {"auth": "s3cret!"}}}',
+            'registry 2 of "auths" is not',
+        ),
+        ('{"auths": {"quay.io": {"auth": 7}}}', 'registry 1 of "auths" is not base64'),
+        # Accepted as assisted-service accepts them: no check here may be stricter than its own.
+        ('{"auths": {}}', None),
+        ('{"auths": {"quay.io": {"credsStore": "desktop"}}}', None),
+        (' {"auths": {"quay.io": {"auth": "YTpi\\nYw==", "email": "a@b"}}}\n', None),
+    ],
+)
+def test_pull_secret_problem_names_what_is_wrong_never_the_value(text: str, problem: str | None) -> None:
+    found = pull_secret_problem(text)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
+        assert "s3cret" not in found and "quay.io" not in found and "ghp_" not in found
+
+
+async def test_a_pull_secret_that_is_none_is_never_written(api, api_assisted, kit):
+    """Refused before anything is created; on a live order the Secret the hosts boot with is kept,
+    and the result says why the order's is not applied."""
+    api.order(pullSecret="not-a-docker-config")
+    with pytest.raises(ApplicationError) as refused:
+        await kit.run()(api_assisted.ensure_infraenv, order_ref(api))
+    assert refused.value.type == HubErrorType.PULL_SECRET_INVALID and refused.value.non_retryable
+    assert refused.value.message == "spec.pullSecret is not a pull secret: it is not JSON"
+    assert api.get("Secret", "order-1-pull-secret") is None
+    assert api.get("InfraEnv", "order-1-infraenv") is None
+
+    api.patch("ClusterOrder", "order-1", {"spec": {"pullSecret": kit.pull_secret}})
+    assert (await kit.run()(api_assisted.ensure_infraenv, order_ref(api))).pull_secret_refused is None
+    kept = api.get("Secret", "order-1-pull-secret")
+    assert kept is not None
+    api.patch("ClusterOrder", "order-1", {"spec": {"pullSecret": '{"auths": {"quay.io": {"auth": "x!"}}}'}})
+    api.delete("InfraEnv", "order-1-infraenv")
+    result = await kit.run()(api_assisted.ensure_infraenv, order_ref(api))
+    assert result.created and not result.secret_created and not result.updated
+    assert result.pull_secret_refused == (
+        'spec.pullSecret is not a pull secret: the "auth" of registry 1 of "auths" is not base64'
+    )
+    assert (
+        api.get("Secret", "order-1-pull-secret")["metadata"]["resourceVersion"]
+        == (kept["metadata"]["resourceVersion"])
+    )
 
 
 async def test_wait_infraenv_ready_shows_image_created_false_then_ready(lab_api, lab_assisted, lab_kube, kit):

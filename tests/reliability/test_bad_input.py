@@ -438,7 +438,15 @@ async def order_instance_type_with_a_trailing_newline(ctx: Ctx) -> Seen:
 
 
 async def order_missing_pull_secret(ctx: Ctx) -> Seen:
-    order = await ctx.managed_order(bare_metal(bm_standard=1), pullSecret=None)
+    return await _pull_secret_surfaces(ctx, None)
+
+
+async def order_pull_secret_not_json(ctx: Ctx) -> Seen:
+    return await _pull_secret_surfaces(ctx, "robot:not-a-docker-config")
+
+
+async def _pull_secret_surfaces(ctx: Ctx, pull_secret: str | None) -> Seen:
+    order = await ctx.managed_order(bare_metal(bm_standard=1), pullSecret=pull_secret)
 
     async def surfaced() -> str | None:
         if await ctx.stack.api.workflow_state(order) == WorkflowState.FAILED:
@@ -851,6 +859,15 @@ ROWS = [
         "ClusterOrder condition",
         order_missing_pull_secret,
         ("=False", "spec.pullSecret"),
+    ),
+    Row(
+        "order-pull-secret-not-json",
+        "ClusterOrder condition",
+        order_pull_secret_not_json,
+        (
+            "InfraEnvReady=False PullSecretInvalid: spec.pullSecret is not a pull secret: it is not JSON;"
+            " no workers are created until it is corrected.",
+        ),
     ),
     Row(
         "order-discovery-ignition-over-64KiB",

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.hub import InfraEnvRef
+from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
 from contracts.workflows import NodeSetRequest, ScaleDownWorker, cluster_workflow_id, worker_workflow_id
@@ -400,20 +400,56 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
     await eventually(in_line, "the InfraEnv to carry the new pull secret and SSH key")
     await stack.wait_ready(order, 2)
 
+    # An edit that is no pull secret is not written: the hosts keep booting with the last good one,
+    # and the order says so until it is corrected.
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"pullSecret": "robot:r0tated-pull"}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 2})
+
+    async def image_condition() -> tuple[str, str, str]:
+        found = [c for c in (await stack.api.status(order)).conditions if c.type == "InfraEnvReady"]
+        return (found[0].status, found[0].reason or "", found[0].message or "") if found else ("", "", "")
+
+    async def refused() -> bool:
+        return (await image_condition())[1] == "PullSecretInvalid"
+
+    await eventually(refused, "InfraEnvReady to say the pull secret is not applied")
+    status, _, message = await image_condition()
+    assert status == "True" and message.startswith("spec.pullSecret is not a pull secret: it is not JSON.")
+    assert await stack.infraenv_inputs(order) == (rotated, new_key)
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"pullSecret": PULL_SECRET}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 2})
+
+    async def applied() -> bool:
+        return (await image_condition())[:2] == ("True", "ImageCreated")
+
+    await eventually(applied, "InfraEnvReady=True/ImageCreated once the pull secret is corrected")
+    assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET
+
     (cluster_history,) = [
         h for h in await stack.histories(order) if h.workflow_id == cluster_workflow_id(order)
     ]
-    assert scheduled_activities(cluster_history.events).count(HubActivity.ENSURE_INFRAENV) == 2
+    assert (
+        scheduled_activities(cluster_history.events).count(HubActivity.ENSURE_INFRAENV) == 4
+    )  # one per edit
     texts = json.dumps([h.to_json_dict() for h in await stack.histories(order)])
     assert "r0tated-pull" not in texts and base64.b64encode(b"robot:r0tated-pull").decode() not in texts
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
 
 
-async def test_a_pull_secret_fixed_while_the_first_image_cannot_be_built_is_applied(stack: Stack) -> None:
-    """An order whose pull secret is no pull secret: its discovery image is never built. The tenant
-    fixes the order, and the next command ensures the InfraEnv again instead of waiting for the first
-    image for ever."""
+async def test_a_pull_secret_that_is_none_is_shown_and_its_fix_applied(stack: Stack) -> None:
+    """An order whose pull secret is no pull secret: nothing is created from it, and the order says
+    which field is wrong and why. The tenant fixes the order, and the next command applies it."""
     order = await stack.create_order({"bm-standard": 1})
     response = await stack.hub_http.patch(
         f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
@@ -423,13 +459,19 @@ async def test_a_pull_secret_fixed_while_the_first_image_cannot_be_built_is_appl
     response.raise_for_status()
     await stack.apply(order, {"bm-standard": 1})
 
-    async def waiting_for_image() -> dict[str, Any] | None:
+    async def refused() -> dict[str, Any] | None:
         conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
-        found = [c for c in conditions if c["type"] == "InfraEnvReady" and c["reason"] == "WaitingForImage"]
+        found = [c for c in conditions if c["type"] == "InfraEnvReady" and c["reason"] == "PullSecretInvalid"]
         return found[0] if found else None
 
-    condition = await eventually(waiting_for_image, "InfraEnvReady=False/WaitingForImage")
-    assert condition["status"] == "False" and "spec.pullSecret" in condition["message"]
+    condition = await eventually(refused, "InfraEnvReady=False/PullSecretInvalid")
+    assert condition["status"] == "False"
+    assert condition["message"] == (
+        "spec.pullSecret is not a pull secret: it is not JSON; no workers are created until it is corrected."
+    )
+    ref = InfraEnvRef.for_order(order)
+    secret = await stack.hub_http.get(f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.pull_secret_name}")
+    assert secret.status_code == 404
     assert await stack.bmis(order) == []
 
     response = await stack.hub_http.patch(
@@ -831,9 +873,9 @@ async def test_security_groups_changed_while_the_order_prepares_reach_its_first_
 
 async def test_an_infraenv_created_again_waits_for_its_image_without_holding_the_order(stack: Stack) -> None:
     """The InfraEnv is deleted behind our back, and the order's pull secret has meanwhile become
-    one no image can be built with. The InfraEnv created again shows WaitingForImage; a named
-    scale-down still goes through while it waits, and the tenant's fix brings the image and the
-    replaced worker back."""
+    one no image can be built with, its Secret too (as written by versions that did not check it).
+    The InfraEnv created again shows WaitingForImage; a named scale-down still goes through while it
+    waits, and the tenant's fix brings the image and the replaced worker back."""
     api = stack.with_policy(ready_host_check=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 2})
     await stack.apply(order, {"bm-standard": 2}, api)
@@ -843,7 +885,11 @@ async def test_an_infraenv_created_again_waits_for_its_image_without_holding_the
     merge = {"Content-Type": "application/merge-patch+json"}
     bad = {"spec": {"pullSecret": "not-a-docker-config"}}
     (await stack.hub_http.patch(path, json=bad, headers=merge)).raise_for_status()
-    name = InfraEnvRef.for_order(order).name
+    ref = InfraEnvRef.for_order(order)
+    unusable = {"data": {PULL_SECRET_KEY: base64.b64encode(b"not-a-docker-config").decode()}}
+    secret = f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.pull_secret_name}"
+    (await stack.hub_http.patch(secret, json=unusable, headers=merge)).raise_for_status()
+    name = ref.name
     (
         await stack.hub_http.delete(f"{AGENT_API}/namespaces/{order.namespace}/infraenvs/{name}")
     ).raise_for_status()
