@@ -1459,14 +1459,18 @@ class AssistedActivities:
 
 
 def pull_secret_problem(text: str) -> str | None:
-    """Why assisted-service would refuse this pull secret (the checks of its ParsePullSecret, none
-    stricter: a good secret refused here would stop the tenant), or None. Registries are named by
-    position, never by key: a malformed paste can hold a credential in a key."""
+    """A reason assisted-service's ParsePullSecret would refuse this pull secret for, or None. Never
+    stricter than it (a good secret refused here would stop the tenant); it refuses some that pass
+    here (no registry at all, an `auth` that is no user:password), which then wait for an image.
+    Registries are named by position, never by key: a malformed paste can hold a credential there."""
     try:
         parsed = json.loads(text.strip())
-    except ValueError:
+    except (ValueError, RecursionError):
         return "it is not JSON"
-    auths = parsed.get("auths") if isinstance(parsed, dict) else None
+    # Go's decoder matches a struct's field names regardless of case.
+    auths = None
+    if isinstance(parsed, dict):
+        auths = parsed.get("auths", next((v for k, v in parsed.items() if k.lower() == "auths"), None))
     if not isinstance(auths, dict):
         return 'it has no "auths" object'
     for position, entry in enumerate(auths.values(), start=1):

@@ -306,6 +306,8 @@ class ClusterWorkersCarried(BaseModel):
     # worker had found the InfraEnv gone: the new run writes and acts on them.
     events: list[EventInput] = Field(default_factory=list)
     infraenv_missing: bool = False
+    # The order's pull secret was refused and the InfraEnv kept its Secret: what the order shows.
+    pull_secret_note: str | None = None
 
 
 class ClusterWorkersStatus(BaseModel):

@@ -215,14 +215,7 @@ class ClusterWorkersWorkflow:
             self._conditions[OrderConditionType(condition.type)] = condition
         # While the order's pull secret is refused (the last ensure kept the Secret the image was
         # built with): what InfraEnvReady=True says instead of ImageCreated.
-        image = self._conditions.get(OrderConditionType.INFRA_ENV_READY)
-        self._pull_secret_note: str | None = (
-            image.message
-            if image is not None
-            and image.reason == HubErrorType.PULL_SECRET_INVALID.value
-            and image.status == ConditionStatus.TRUE
-            else None
-        )
+        self._pull_secret_note = carried.pull_secret_note
 
     # ----------------------------------------------------------------------------------- API
 
@@ -767,7 +760,7 @@ class ClusterWorkersWorkflow:
                     ConditionStatus.FALSE,
                     HubErrorType.PULL_SECRET_INVALID.value,
                     f"{err.cause.message}, and the InfraEnv's pull Secret is gone: no new host boots"
-                    " until spec.pullSecret is corrected.",
+                    " until that is corrected.",
                 )
             return
         self._note_pull_secret(ensured)
@@ -924,7 +917,7 @@ class ClusterWorkersWorkflow:
             None
             if refused is None
             else f"{refused}. The discovery image keeps the pull secret it was built with, and new hosts"
-            " boot with it until spec.pullSecret is corrected."
+            " boot with it until that is corrected."
         )
 
     def _show_image_ready(self) -> None:
@@ -1302,6 +1295,7 @@ class ClusterWorkersWorkflow:
             # The newest only: a refusal lasting days must not outgrow the new run's input.
             events=(self._events_in_flight + self._events)[-CARRIED_EVENTS_MAX:],
             infraenv_missing=self._infraenv_missing,
+            pull_secret_note=self._pull_secret_note,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(

@@ -136,8 +136,11 @@ async def test_ensure_infraenv_needs_an_order_and_a_pull_secret(api, api_kube, h
             'registry 2 of "auths" is not',
         ),
         ('{"auths": {"quay.io": {"auth": 7}}}', 'registry 1 of "auths" is not base64'),
-        # Accepted as assisted-service accepts them: no check here may be stricter than its own.
+        ("[" * 100_000, "it is not JSON"),
+        # Not refused here, as nothing here may be stricter than assisted-service (which refuses the
+        # first itself: the order then waits for an image).
         ('{"auths": {}}', None),
+        ('{"Auths": {"quay.io": {"auth": "YTpi"}}}', None),
         ('{"auths": {"quay.io": {"credsStore": "desktop"}}}', None),
         (' {"auths": {"quay.io": {"auth": "YTpi\\nYw==", "email": "a@b"}}}\n', None),
     ],
