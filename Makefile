@@ -38,7 +38,7 @@ demo: $(STAMP)
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
 
-# Benchmark (bench/README.md): `make bench-quick` N=100 (6 to 8 minutes), `make bench` N=500 (about 25 minutes).
+# Benchmark (bench/README.md): `make bench-quick` N=100 (5 to 8 minutes), `make bench` N=500 (about 13 minutes).
 .PHONY: bench bench-quick
 bench: $(STAMP)
 	$(BIN)/python -m bench.run --full

@@ -421,6 +421,22 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
     status, _, message = await image_condition()
     assert status == "True" and message.startswith("spec.pullSecret is not a pull secret: it is not JSON.")
     assert await stack.infraenv_inputs(order) == (rotated, new_key)
+
+    # Its Secret deleted behind our back: nothing good is left to keep, and no host could boot.
+    ref = InfraEnvRef.for_order(order)
+    secret = f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.pull_secret_name}"
+    (await stack.hub_http.delete(secret)).raise_for_status()
+    await stack.apply(order, {"bm-standard": 2})
+
+    async def secret_gone_shown() -> bool:
+        return (await image_condition())[0] == "False"
+
+    await eventually(secret_gone_shown, "InfraEnvReady=False once the kept Secret is gone")
+    assert (await image_condition())[1:] == (
+        "PullSecretInvalid",
+        "spec.pullSecret is not a pull secret: it is not JSON, and the InfraEnv's pull Secret is gone:"
+        " no new host boots until that is corrected.",
+    )
     response = await stack.hub_http.patch(
         f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
         json={"spec": {"pullSecret": PULL_SECRET}},
@@ -433,14 +449,13 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
         return (await image_condition())[:2] == ("True", "ImageCreated")
 
     await eventually(applied, "InfraEnvReady=True/ImageCreated once the pull secret is corrected")
-    assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET
+    assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET  # the Secret written again
 
     (cluster_history,) = [
         h for h in await stack.histories(order) if h.workflow_id == cluster_workflow_id(order)
     ]
-    assert (
-        scheduled_activities(cluster_history.events).count(HubActivity.ENSURE_INFRAENV) == 4
-    )  # one per edit
+    ensures = scheduled_activities(cluster_history.events).count(HubActivity.ENSURE_INFRAENV)
+    assert ensures == 5  # the first, then one per command
     texts = json.dumps([h.to_json_dict() for h in await stack.histories(order)])
     assert "r0tated-pull" not in texts and base64.b64encode(b"robot:r0tated-pull").decode() not in texts
     await stack.decommission_and_wait(order)
