@@ -24,6 +24,7 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowHistoryEventFilterType,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
@@ -193,11 +194,22 @@ class WorkersApi:
             raise
 
     async def run_status(self, order: OrderRef, run_id: str) -> ClusterWorkersStatus:
-        """The `status` query of one run (works after it completed, while a worker runs)."""
-        handle = self.client.get_workflow_handle_for(
-            ClusterWorkersWorkflow.run, cluster_workflow_id(order), run_id=run_id
-        )
-        return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+        """The status of the run `run_id` and the runs it continued as: the `status` query of the
+        one running now, or the result of the one that completed (no worker replays its history)."""
+        while True:
+            handle = self.client.get_workflow_handle_for(
+                ClusterWorkersWorkflow.run, cluster_workflow_id(order), run_id=run_id
+            )
+            described = (await handle.describe()).status
+            if described == WorkflowExecutionStatus.COMPLETED:
+                return await handle.result(follow_runs=False)
+            if described != WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+            async for event in handle.fetch_history_events(
+                event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
+            ):
+                if event.HasField("workflow_execution_continued_as_new_event_attributes"):
+                    run_id = event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
 
     async def latest_run(self, order: OrderRef) -> LatestRun:
         """The latest run's state and id, from the server (needs no worker)."""
@@ -235,10 +247,8 @@ class WorkersApi:
         except WorkflowUpdateFailedError as err:
             raise _rejection(err) from err
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:  # the run completed since the status query
-                raise CommandError(
-                    f"node_set: order {order.key} is decommissioned; it takes no more changes"
-                ) from err
+            if err.status == RPCStatusCode.NOT_FOUND:  # the run closed since the status query
+                raise await self._not_running(order, "node_set") from err
             raise
 
     async def scale_down_worker(self, order: OrderRef, worker: str) -> NodeSetRequest:
@@ -256,8 +266,8 @@ class WorkersApi:
         except WorkflowUpdateFailedError as err:
             raise _rejection(err) from err
         except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:  # the run completed since the status query
-                raise CommandError(f"worker: order {order.key} is decommissioned") from err
+            if err.status == RPCStatusCode.NOT_FOUND:  # the run closed (or was closed) before
+                raise await self._not_running(order, "worker") from err
             raise
         return released.node_set
 
@@ -271,12 +281,19 @@ class WorkersApi:
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
-            state = await self.workflow_state(order)
-            if state == WorkflowState.ABSENT:
-                raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
-            if state == WorkflowState.COMPLETED:
-                raise CommandError(f"decommission: order {order.key} is already decommissioned") from err
-            raise CommandError(f"decommission: the workers workflow of order {order.key} is {state}") from err
+            raise await self._not_running(order, "decommission") from err
+
+    async def _not_running(self, order: OrderRef, field: str) -> CommandError:
+        """Why a command found no running workflow to take it, from the latest run's state."""
+        state = await self.workflow_state(order)
+        if state == WorkflowState.ABSENT:
+            return OrderNotFound(f"order {order.key}: no workers workflow exists for it")
+        if state == WorkflowState.COMPLETED:
+            return CommandError(f"{field}: order {order.key} is decommissioned; it takes no more changes")
+        return CommandError(
+            f"{field}: the workers workflow of order {order.key} is {state}: it takes no command until an"
+            " operator resets it or releases its hosts (its WorkersWorkflowStopped condition says how)"
+        )
 
     async def wait_finished(self, order: OrderRef) -> ClusterWorkersStatus:
         """Block until decommission completed: every BMI gone and the InfraEnv deleted."""

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
@@ -24,7 +25,7 @@ from rich.console import Console
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube import HubApiError, HubUnavailable
-from contracts.refs import OrderRef
+from contracts.refs import DNS_LABEL, OrderRef
 from contracts.workflows import ClusterWorkersStatus
 from lab.cli import lab_app
 from starter.api import CommandError, OrderNotFound
@@ -181,7 +182,7 @@ def scale(
     node_set: str = typer.Option(..., "--node-set", help="The node set (its instance type)."),
     count: int = typer.Option(..., "--count", help="The new number of workers."),
     timeout: float = typer.Option(
-        DEFAULT_SCALE_TIMEOUT, "--timeout", help="Seconds to wait for the workflow."
+        DEFAULT_SCALE_TIMEOUT, "--timeout", min=0.001, help="Seconds to wait for the workflow."
     ),
     confirm: bool = typer.Option(
         False, "--confirm", help="Confirm a mass scale-down (over half the order and over 2 workers)."
@@ -221,7 +222,7 @@ def decommission(
     order: str = ORDER_ARG,
     force: bool = typer.Option(False, "--force", help="Even while the ClusterOrder still asks for workers."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until every host is wiped and released."),
-    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds to wait with --wait."),
+    timeout: float = typer.Option(1800.0, "--timeout", min=0.001, help="Seconds to wait with --wait."),
 ) -> None:
     """Release every worker of an order (deleting the ClusterOrder does this for managed orders)."""
     ref = parse_order(order)
@@ -259,7 +260,7 @@ async def _follow(
 @app.command()
 def watch(
     order: str = ORDER_ARG,
-    timeout: float = typer.Option(0, "--timeout", help="Give up after this many seconds (0: never)."),
+    timeout: float = typer.Option(0, "--timeout", min=0, help="Give up after this many seconds (0: never)."),
 ) -> None:
     """Live progress until the order settles (every worker Ready, or decommissioned)."""
     ref = parse_order(order)
@@ -286,7 +287,7 @@ def controller(
         help="Watch only these namespaces (repeatable; default OSAC_CONTROLLER_NAMESPACES, else all).",
     ),
     resync_seconds: float | None = typer.Option(
-        None, "--resync-seconds", help="Full pass period (default OSAC_CONTROLLER_RESYNC_SECONDS)."
+        None, "--resync-seconds", min=0.001, help="Full pass period (default OSAC_CONTROLLER_RESYNC_SECONDS)."
     ),
     health_file: Path | None = typer.Option(
         None, "--health-file", help="Keep a JSON health report here (for `dev status` and probes)."
@@ -294,6 +295,13 @@ def controller(
     log_level: str = typer.Option("INFO", help="Python log level"),
 ) -> None:
     """Run the ClusterOrder controller until SIGTERM/SIGINT."""
+    if log_level.upper() not in logging.getLevelNamesMapping():
+        raise typer.BadParameter(f"{log_level!r} is not a log level", param_hint="'--log-level'")
+    wrong = [n for n in namespace if not re.fullmatch(DNS_LABEL, n)]
+    if wrong:  # a name no namespace can have would filter every order out, silently
+        raise typer.BadParameter(
+            f"not a namespace name: {', '.join(map(repr, wrong))}", param_hint="'--namespace'"
+        )
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:  # request URLs at INFO are noise (and some carry tokens)
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -316,7 +324,9 @@ def controller(
                 workers_api(client, settings, starter),
                 InstanceTypeCatalog(bmaas),
                 namespaces=namespace or settings.controller_namespaces,
-                resync_seconds=resync_seconds or settings.controller_resync_seconds,
+                resync_seconds=resync_seconds
+                if resync_seconds is not None
+                else settings.controller_resync_seconds,
                 health_file=health_file,
                 meter=telemetry.runtime.metric_meter if telemetry.runtime is not None else None,
             )

@@ -128,25 +128,49 @@ class OrderOperations:
         )
         if problem is not None:
             raise CommandError(problem)
-        annotate = confirm_scale_down and not facts_confirmed(await self.orders.get(order))
+        stopped = (await self.api.latest_run(order)).state
+        if stopped.closed_abnormally:
+            # The controller applies nothing to such an order: a count written now would only wait.
+            raise CommandError(
+                f"order {order.key}: its workers workflow is {stopped}: no change is applied until an"
+                " operator resets it or releases its hosts (its WorkersWorkflowStopped condition says how)"
+            )
+        before = await self.orders.get(order)
+        annotate = confirm_scale_down and not facts_confirmed(before)
         written = await self.orders.set_node_count(
             order, node_set, count, annotations={CONFIRM_SCALE_DOWN_ANNOTATION: "true"} if annotate else None
         )
+        # A refusal already on the order (the same generation when only the confirmation was added)
+        # is not the answer to this write.
+        judged = condition_of(before, ControllerCondition.NODE_REQUESTS_VALID) if before is not None else None
         try:
-            return await self._wait_taken(order, node_set, count, generation(written), timeout)
+            return await self._wait_taken(order, node_set, count, generation(written), timeout, judged)
         finally:
             if annotate:  # a one-off confirmation: the guard protects the next change again
                 await self.orders.remove_annotation(order, CONFIRM_SCALE_DOWN_ANNOTATION)
 
     async def _wait_taken(
-        self, order: OrderRef, node_set: str, count: int, gen: int | None, timeout: float
+        self,
+        order: OrderRef,
+        node_set: str,
+        count: int,
+        gen: int | None,
+        timeout: float,
+        judged_before: dict[str, Any] | None,
     ) -> ClusterWorkersStatus:
         deadline = time.monotonic() + timeout
         while True:
             obj = await self.orders.get(order)
             cond = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID) if obj is not None else None
             observed = cond.get("observedGeneration") if cond else None
-            if cond is not None and gen is not None and isinstance(observed, int) and observed >= gen:
+            fresh = cond is not None and cond != judged_before
+            if (
+                fresh
+                and cond is not None
+                and gen is not None
+                and isinstance(observed, int)
+                and observed >= gen
+            ):
                 if cond.get("status") == ConditionStatus.FALSE.value:
                     # Written before the workflow judged it: the order keeps asking for it.
                     raise CommandError(

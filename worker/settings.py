@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from collections.abc import Sequence
 from datetime import timedelta
 from enum import StrEnum
@@ -24,6 +25,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from activities.reporting import DEFAULT_BATCH_WINDOW_S
+from contracts.refs import DNS_LABEL
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
 from worker.health import split_bind
 
@@ -100,6 +102,26 @@ class Settings(BaseSettings):
     health_bind: str | None = Field(
         default=None, description="host:port of the /healthz and /readyz probes; off when unset"
     )
+
+    @field_validator("fulfillment_ca_file")
+    @classmethod
+    def _ca_bundle(cls, path: Path | None) -> Path | None:
+        """Read at start, with the variable named, not as a traceback when the first client is built."""
+        if path is not None:
+            try:
+                ssl.create_default_context(cafile=str(path))
+            except (OSError, ssl.SSLError) as err:
+                raise ValueError(f"{path} is not a readable PEM CA bundle ({err.strerror or err})") from None
+        return path
+
+    @field_validator("controller_namespaces")
+    @classmethod
+    def _namespaces(cls, namespaces: list[str]) -> list[str]:
+        """A name no namespace can have would filter every order out, silently."""
+        wrong = [n for n in namespaces if not re.fullmatch(DNS_LABEL, n)]
+        if wrong:
+            raise ValueError(f"not a namespace name (a DNS label): {', '.join(map(repr, wrong))}")
+        return namespaces
 
     @field_validator("metrics_bind", "health_bind")
     @classmethod

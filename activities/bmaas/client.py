@@ -167,12 +167,20 @@ class BmaasClient:
         body: Any = None,
         idempotent: bool | None = None,
         secrets: Iterable[str] = (),
+        object_id: str | None = None,
     ) -> Any:
-        """One API call under the call budget, traced as one span; returns the decoded JSON answer."""
+        """One API call under the call budget, traced as one span; returns the decoded JSON answer.
+        `object_id`: the object a call by id is about (only a NotFound naming it says it is gone)."""
         with _call_span(method, path) as span:
             try:
                 return await self._request(
-                    method, path, params=params, body=body, idempotent=idempotent, secrets=secrets
+                    method,
+                    path,
+                    params=params,
+                    body=body,
+                    idempotent=idempotent,
+                    secrets=secrets,
+                    object_id=object_id,
                 )
             except BmaasApiError as err:
                 _span_failed(span, err)
@@ -187,6 +195,7 @@ class BmaasClient:
         body: Any,
         idempotent: bool | None,
         secrets: Iterable[str],
+        object_id: str | None,
     ) -> Any:
         if idempotent is None:
             idempotent = method in ("GET", "DELETE")
@@ -227,7 +236,11 @@ class BmaasClient:
                 await self._backoff(attempt, deadline)
                 continue
             raise error_from_response(
-                operation, resp.status_code, _decode_lenient(raw), self._secrets(secret_list)
+                operation,
+                resp.status_code,
+                _decode_lenient(raw),
+                self._secrets(secret_list),
+                object_id=object_id,
             )
 
     async def _backoff(self, attempt: int, deadline: float) -> None:
@@ -277,7 +290,7 @@ class BmaasClient:
             last = str(ids[-1])
 
     async def get(self, collection: str, object_id: str) -> dict[str, Any]:
-        obj = await self.request("GET", f"/{collection}/{_segment(object_id)}")
+        obj = await self.request("GET", f"/{collection}/{_segment(object_id)}", object_id=object_id)
         if not isinstance(obj, dict):
             raise BmaasApiError(f"GET /{collection}/{object_id}: not an object", BmaasErrorType.PROTOCOL)
         return obj
@@ -294,7 +307,7 @@ class BmaasClient:
         return await self.get(INSTANCES, bmi_id)
 
     async def delete_instance(self, bmi_id: str) -> None:
-        await self.request("DELETE", f"/{INSTANCES}/{_segment(bmi_id)}")
+        await self.request("DELETE", f"/{INSTANCES}/{_segment(bmi_id)}", object_id=bmi_id)
 
     async def update_instance(
         self, bmi_id: str, body: Mapping[str, Any], *, update_mask: str, lock: bool = True
@@ -305,7 +318,12 @@ class BmaasClient:
         if lock:
             params["lock"] = "true"
         updated = await self.request(
-            "PATCH", f"/{INSTANCES}/{_segment(bmi_id)}", params=params, body=body, idempotent=False
+            "PATCH",
+            f"/{INSTANCES}/{_segment(bmi_id)}",
+            params=params,
+            body=body,
+            idempotent=False,
+            object_id=bmi_id,
         )
         if not isinstance(updated, dict):
             raise BmaasApiError(f"PATCH /{INSTANCES}/{bmi_id}: not an object", BmaasErrorType.PROTOCOL)

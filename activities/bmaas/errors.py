@@ -123,9 +123,10 @@ def _grpc_code(body: Any) -> int | None:
 
 
 def error_from_response(
-    operation: str, http_status: int, body: Any, secrets: Iterable[str] = ()
+    operation: str, http_status: int, body: Any, secrets: Iterable[str] = (), *, object_id: str | None = None
 ) -> BmaasApiError:
-    """Map a gateway error answer `{"code", "message", "details"}` to a typed error."""
+    """Map a gateway error answer `{"code", "message", "details"}` to a typed error. `object_id`: the
+    object a request by id is about; a NotFound that does not name it is not the object's."""
     grpc_code = _grpc_code(body)
     server_message = ""
     if isinstance(body, dict) and isinstance(body.get("message"), str):
@@ -143,6 +144,11 @@ def error_from_response(
             error_type = BmaasErrorType.UNAVAILABLE
         else:
             error_type = BmaasErrorType.INVALID_ARGUMENT
+    if error_type == BmaasErrorType.NOT_FOUND and object_id is not None and object_id not in server_message:
+        # The gateway answers a route it does not serve (a rollout, a wrong prefix) with code 5 and
+        # "Not Found" too; the server's own says "object with identifier '<id>' not found". Taken for
+        # a BMI gone, it would count an undeleted host as wiped.
+        error_type = BmaasErrorType.UNAVAILABLE
     code_text = GRPC_CODE_NAMES.get(grpc_code, str(grpc_code)) if grpc_code is not None else "-"
     message = f"{operation}: HTTP {http_status} {code_text}"
     if server_message:

@@ -104,7 +104,8 @@ def create_fulfillment_app(lab: FulfillmentLab) -> FastAPI:
             code = GrpcCode.UNIMPLEMENTED
         else:
             code = GrpcCode.UNKNOWN
-        body = ApiError(code, f"{request.method} {request.url.path}: {exc.detail}").body()
+        # As grpc-gateway's routing handler answers: the status text alone, no path or id.
+        body = ApiError(code, str(exc.detail)).body()
         return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(Exception)

@@ -60,6 +60,16 @@ def test_a_404_page_without_the_gateway_code_is_not_taken_for_a_deleted_bmi() ->
     assert not err.is_not_found and not err.non_retryable
 
 
+def test_only_a_not_found_naming_the_bmi_says_it_is_gone() -> None:
+    """The gateway answers a route it does not serve with code 5 as well: that one is retried."""
+    route = error_from_response(
+        "DELETE /baremetal_instances/b1", 404, {"code": 5, "message": "Not Found"}, object_id="b1"
+    )
+    assert not route.is_not_found and not route.non_retryable
+    own = {"code": 5, "message": "object with identifier 'b1' not found"}
+    assert error_from_response("DELETE /baremetal_instances/b1", 404, own, object_id="b1").is_not_found
+
+
 def test_error_messages_are_redacted_and_bounded() -> None:
     token = "tok-" + "s" * 40
     err = error_from_response("POST /x", 400, {"code": 3, "message": f"bad {token} " + "x" * 2000}, [token])

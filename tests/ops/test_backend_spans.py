@@ -26,7 +26,9 @@ async def test_failed_bmaas_call_span(recording: SpanCapture, tmp_path: Path) ->
     token.write_text("t0ken-" + "x" * 30)
 
     def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(404, json={"code": 5, "message": f"no such instance ({ECHOED})"})
+        return httpx.Response(
+            404, json={"code": 5, "message": f"object with identifier 'bmi-123' not found ({ECHOED})"}
+        )
 
     async with BmaasClient("http://bmaas.test", token, transport=httpx.MockTransport(answer)) as client:
         with pytest.raises(BmaasApiError):

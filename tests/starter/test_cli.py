@@ -15,6 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from contracts.worker import WorkerPhase
 from lab.http_server import free_port
+from starter.api import WorkflowState
+from starter.orders import ControllerCondition, condition_of
 from tests.starter.harness import (
     CONFIRM,
     UNMANAGED,
@@ -27,7 +29,7 @@ from tests.starter.harness import (
     wait_observed,
     wait_ready,
 )
-from tests.workflows.stack import Stack
+from tests.workflows.stack import Stack, eventually
 
 CLI = str(Path(sys.executable).parent / "osac-workers")
 BMI_ROUTE = "/api/private/v1/baremetal_instances"
@@ -129,6 +131,16 @@ async def test_a_mass_scale_down_needs_confirm(
     assert "lowering the order from 3 to 0 workers" in refused.stderr
     assert count_of(await get_order(stack, order), "bm-standard") == 3  # refused before the order changed
 
+    # The tenant writes the count: the guard holds it back, and the operator confirms it. The refusal
+    # already on the order is not the answer to the confirmation (it was taken for one, and the
+    # confirmation removed while the controller could still act on it).
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=0)}})
+
+    async def held_back() -> bool:
+        valid = condition_of(await get_order(stack, order) or {}, ControllerCondition.NODE_REQUESTS_VALID)
+        return valid is not None and valid["status"] == "False" and "from 3 to 0" in valid["message"]
+
+    await eventually(held_back, "the tenant's mass scale-down held back by the guard")
     confirmed = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "0", "--confirm")
     assert confirmed.returncode == 0, confirmed.stderr
     await wait_ready(stack, order, 0)
@@ -148,6 +160,28 @@ async def test_watch_follows_an_order_until_it_settles(
     missing = await cli(env, "watch", f"{order.namespace}/nothing-here", "--timeout", "1")
     assert missing.returncode == 1
     assert "no workers workflow appeared" in missing.stderr
+
+
+async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change_nothing(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    """The workers workflow terminated from outside: the controller applies nothing to the order
+    until an operator acts, so `scale` refuses before it writes a count (it wrote, then blamed the
+    controller after its timeout), and `scale-down` names the state (it said "decommissioned")."""
+    order = await create_order(stack, bare_metal(bm_standard=0))
+
+    async def started() -> bool:
+        return await stack.api.workflow_state(order) == WorkflowState.RUNNING
+
+    await eventually(started, "the controller to start the order's workflow")
+    await stack.api.handle(order).terminate(reason="test")
+    scaled = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "1")
+    assert scaled.returncode == 1, scaled.stderr
+    assert "its workers workflow is Terminated: no change is applied" in " ".join(scaled.stderr.split())
+    assert count_of(await get_order(stack, order), "bm-standard") == 0
+    released = await cli(env, "scale-down", order.key, order.worker_name(0))
+    assert released.returncode == 1, released.stderr
+    assert f"the workers workflow of order {order.key} is Terminated" in " ".join(released.stderr.split())
 
 
 async def test_decommission_of_an_order_the_controller_leaves_alone(
@@ -302,6 +336,19 @@ async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str,
     namespace = await cli(env, "demo", "--namespace", "Bad_NS", "--state-dir", "/nonexistent/dev")
     assert namespace.returncode == 2 and "'--namespace'" in namespace.stderr
     assert "'Bad_NS' is not a DNS label" in namespace.stderr
+    # The controller's options likewise (a zero resync was 300 s, a negative one a busy loop).
+    for option, value, reason in [
+        ("--resync-seconds", "0", "greater than or equal to 0.001"),
+        ("--log-level", "chatty", "'chatty' is not a log level"),
+        ("--namespace", "Bad_NS", "not a namespace name: 'Bad_NS'"),
+    ]:
+        refused = await cli(env, "controller", option, value)
+        assert refused.returncode == 2 and f"'{option}'" in refused.stderr, (option, refused.stderr)
+        assert reason in " ".join(refused.stderr.replace("│", " ").split()), (option, refused.stderr)
+    timeout = await cli(
+        env, "scale", "ns/order", "--node-set", "bm-standard", "--count", "1", "--timeout", "0"
+    )
+    assert timeout.returncode == 2 and "'--timeout'" in timeout.stderr
 
 
 async def test_bad_configuration_exits_2_naming_each_variable(env: dict[str, str], tmp_path: Path) -> None:
@@ -352,6 +399,15 @@ async def test_bad_configuration_exits_2_naming_each_variable(env: dict[str, str
             ["watch", "ns/order"],
             {"OSAC_TIMING_POLICY": "fast"},
             ["OSAC_TIMING_POLICY: Input should be 'production' or 'demo'"],
+        ),
+        (
+            # Each was a traceback (exit 1) when the first client was built, or filtered every order out.
+            ["scale-down", "ns/order", "w"],
+            {"OSAC_FULFILLMENT_CA_FILE": "/nonexistent/ca.pem", "OSAC_CONTROLLER_NAMESPACES": '["Tenant_A"]'},
+            [
+                "OSAC_FULFILLMENT_CA_FILE: Value error, /nonexistent/ca.pem is not a readable PEM CA bundle",
+                "OSAC_CONTROLLER_NAMESPACES: Value error, not a namespace name (a DNS label): 'Tenant_A'",
+            ],
         ),
     ]
     results = await asyncio.gather(*(cli({**env, **extra}, *args) for args, extra, _ in cases))

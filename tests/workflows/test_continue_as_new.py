@@ -67,6 +67,7 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
     await stack.apply(order, {"bm-standard": 2})
     await stack.wait_ready(order, 2)
     cluster_id = cluster_workflow_id(order)
+    first_run = await stack.api.run_id(order)
 
     # Ready workers and the cluster workflow move to fresh runs once their history passes the limit.
     async def cluster_continued() -> bool:
@@ -85,6 +86,9 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
     # The carried state still answers, and commands sent across run boundaries all land.
     status = await stack.api.status(order)
     assert status.ready_workers == 2 and status.desired_workers == 2
+    # Following a run (as `decommission --wait` does) follows the runs it continued as.
+    followed = await stack.api.run_status(order, first_run)
+    assert followed.ready_workers == 2 and not followed.finished
     await stack.apply(order, {"bm-standard": 3})
     await stack.api.scale_down_worker(order, order.worker_name(0))
     expected = {order.worker_name(1), order.worker_name(2)}
@@ -100,6 +104,7 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
 
     final = await stack.decommission_and_wait(order)
     assert final.finished and final.workers == []
+    assert (await stack.api.run_status(order, first_run)).finished  # the last run's result
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []

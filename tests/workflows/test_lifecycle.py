@@ -140,7 +140,9 @@ async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(st
     await stack.api.handle(order).execute_update(ClusterWorkersWorkflow.set_node_sets, lowered)
     assert (await stack.api.status(order)).desired_workers == 0
     await stack.decommission_and_wait(order)
-    with pytest.raises(CommandError, match=f"decommission: order {order.key} is already decommissioned"):
+    with pytest.raises(
+        CommandError, match=f"decommission: order {order.key} is decommissioned; it takes no more changes"
+    ):
         await stack.api.decommission(order)
     assert await stack.bmis(order) == []
 
