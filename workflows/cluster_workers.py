@@ -553,14 +553,7 @@ class ClusterWorkersWorkflow:
                 return ensured
             except ActivityError as err:
                 if _is_type(err, HubErrorType.PULL_SECRET_INVALID.value):
-                    # The activity's message names the field and what is wrong, never the value.
-                    assert isinstance(err.cause, ApplicationError)
-                    self._set_condition(
-                        OrderConditionType.INFRA_ENV_READY,
-                        ConditionStatus.FALSE,
-                        HubErrorType.PULL_SECRET_INVALID.value,
-                        f"{err.cause.message}; no workers are created until it is corrected.",
-                    )
+                    self._show_pull_secret_refused(err, "; no workers are created until it is corrected.")
                 elif _is_type(err, HubErrorType.PULL_SECRET_MISSING.value):
                     # The tenant can add it to the ClusterOrder at any time: wait for it, never fail.
                     self._set_condition(
@@ -754,13 +747,9 @@ class ClusterWorkersWorkflow:
             workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
             workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
             if _is_type(err, HubErrorType.PULL_SECRET_INVALID.value):
-                assert isinstance(err.cause, ApplicationError)
-                self._set_condition(
-                    OrderConditionType.INFRA_ENV_READY,
-                    ConditionStatus.FALSE,
-                    HubErrorType.PULL_SECRET_INVALID.value,
-                    f"{err.cause.message}, and the InfraEnv's pull Secret is gone: no new host boots"
-                    " until that is corrected.",
+                self._show_pull_secret_refused(
+                    err,
+                    ", and the InfraEnv's pull Secret is gone: no new host boots until that is corrected.",
                 )
             return
         self._note_pull_secret(ensured)
@@ -910,6 +899,17 @@ class ClusterWorkersWorkflow:
                         )
             if self._wait_stopped(until_edited):
                 return False
+
+    def _show_pull_secret_refused(self, err: ActivityError, consequence: str) -> None:
+        """InfraEnvReady=False: no Secret to keep. The activity's message names the field and what is
+        wrong, never the value."""
+        assert isinstance(err.cause, ApplicationError)
+        self._set_condition(
+            OrderConditionType.INFRA_ENV_READY,
+            ConditionStatus.FALSE,
+            HubErrorType.PULL_SECRET_INVALID.value,
+            f"{err.cause.message}{consequence}",
+        )
 
     def _note_pull_secret(self, ensured: EnsureInfraEnvResult) -> None:
         refused = ensured.pull_secret_refused

@@ -377,6 +377,16 @@ async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(
     assert await stack.bmis(order) == []
 
 
+async def set_pull_secret(stack: Stack, order: OrderRef, pull_secret: str) -> None:
+    """The tenant edits the order's `spec.pullSecret`."""
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"pullSecret": pull_secret}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+
+
 async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_after(stack: Stack) -> None:
     """The tenant edits the ClusterOrder's pull secret and SSH key; the next command (the controller
     sends one for every new generation) brings the InfraEnv in line before another host boots its
@@ -404,12 +414,7 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
 
     # An edit that is no pull secret is not written: the hosts keep booting with the last good one,
     # and the order says so until it is corrected.
-    response = await stack.hub_http.patch(
-        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-        json={"spec": {"pullSecret": "robot:r0tated-pull"}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    response.raise_for_status()
+    await set_pull_secret(stack, order, "robot:r0tated-pull")
     await stack.apply(order, {"bm-standard": 2})
 
     async def image_condition() -> tuple[str, str, str]:
@@ -439,12 +444,7 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
         "spec.pullSecret is not a pull secret: it is not JSON, and the InfraEnv's pull Secret is gone:"
         " no new host boots until that is corrected.",
     )
-    response = await stack.hub_http.patch(
-        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-        json={"spec": {"pullSecret": PULL_SECRET}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    response.raise_for_status()
+    await set_pull_secret(stack, order, PULL_SECRET)
     await stack.apply(order, {"bm-standard": 2})
 
     async def applied() -> bool:
@@ -468,12 +468,7 @@ async def test_a_pull_secret_that_is_none_is_shown_and_its_fix_applied(stack: St
     """An order whose pull secret is no pull secret: nothing is created from it, and the order says
     which field is wrong and why. The tenant fixes the order, and the next command applies it."""
     order = await stack.create_order({"bm-standard": 1})
-    response = await stack.hub_http.patch(
-        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-        json={"spec": {"pullSecret": "not-a-docker-config"}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    response.raise_for_status()
+    await set_pull_secret(stack, order, "not-a-docker-config")
     await stack.apply(order, {"bm-standard": 1})
 
     async def refused() -> dict[str, Any] | None:
@@ -491,12 +486,7 @@ async def test_a_pull_secret_that_is_none_is_shown_and_its_fix_applied(stack: St
     assert secret.status_code == 404
     assert await stack.bmis(order) == []
 
-    response = await stack.hub_http.patch(
-        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-        json={"spec": {"pullSecret": PULL_SECRET}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    response.raise_for_status()
+    await set_pull_secret(stack, order, PULL_SECRET)
     await stack.apply(order, {"bm-standard": 1})  # the controller's command for the new generation
     await stack.wait_ready(order, 1)
     assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET
