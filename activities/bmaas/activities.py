@@ -74,7 +74,8 @@ def refusals_waited_out(
     """For the activities that run while a host is allocated to the attempt: BMaaS refusing the
     token (401: a rotation the file has not followed yet) or the permission (403: a role a rollout
     forgot) is retried, not the attempt failed, which would delete the BMI and wipe a healthy host
-    for a refusal that says nothing about it."""
+    for a refusal that says nothing about it. The release's delete and wait for the wipe likewise:
+    failing them showed a leaving worker as BMIProvisioningFailed and began its release again."""
 
     @functools.wraps(run)
     async def wrapper(self: Any, req: In) -> R:
@@ -425,6 +426,7 @@ class BmaasActivities:
     # -- delete --------------------------------------------------------------------------------
 
     @activity.defn
+    @refusals_waited_out
     async def delete_instance(self, req: InstanceRef) -> DeleteInstanceResult:
         """Ask BMaaS to release the BMI (it then wipes the host); NotFound means already released."""
         try:
@@ -437,6 +439,7 @@ class BmaasActivities:
 
     @activity.defn
     @delivers_reports
+    @refusals_waited_out
     async def wait_instance_gone(self, req: WaitInstanceGoneInput) -> InstanceGone:
         """Heartbeating wait until BMaaS confirms the BMI is gone (its wipe finished).
 

@@ -11,6 +11,7 @@ from activities.bmaas import BmaasActivities, BmaasClient, BmiWatcher
 from contracts.bmaas import (
     BmaasErrorType,
     FindInstancesWithMacsInput,
+    InstanceRef,
     ListOrderInstancesInput,
     WaitInstanceGoneInput,
     WaitInstanceRunningInput,
@@ -59,6 +60,9 @@ async def test_refusals_while_a_host_is_allocated_are_retried_not_fatal(
         # A BMI the watcher has not seen yet, so the wait asks BMaaS for it.
         (harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id="bmi-not-seen-yet")),
         (harness.acts.find_instances_with_macs, FindInstancesWithMacsInput(macs=["0a:00:00:00:00:77"])),
+        # The release: its delete, and its wait for the wipe of a BMI the watcher has not seen.
+        (harness.acts.delete_instance, InstanceRef(bmi_id="bmi-leaving")),
+        (harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id="bmi-leaving")),
     ]
     for fn, arg in calls:
         err = await _error(harness, fn, arg)
