@@ -1465,7 +1465,9 @@ def pull_secret_problem(text: str) -> str | None:
     Registries are named by position, never by key: a malformed paste can hold a credential there."""
     try:
         parsed = json.loads(text.strip())
-    except (ValueError, RecursionError):
+    except RecursionError:
+        return None  # nested deeper than this parser goes: left to assisted-service to judge
+    except ValueError:
         return "it is not JSON"
     # Go's decoder matches a struct's field names regardless of case.
     auths = None

@@ -290,6 +290,8 @@ class WorkersApi:
             return OrderNotFound(f"order {order.key}: no workers workflow exists for it")
         if state == WorkflowState.COMPLETED:
             return CommandError(f"{field}: order {order.key} is decommissioned; it takes no more changes")
+        if state == WorkflowState.RUNNING:  # the run closed and a new one started meanwhile
+            return CommandError(f"{field}: order {order.key} has a new workers workflow run; try again")
         return CommandError(
             f"{field}: the workers workflow of order {order.key} is {state}: it takes no command until an"
             " operator resets it or releases its hosts (its WorkersWorkflowStopped condition says how)"

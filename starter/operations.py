@@ -163,21 +163,22 @@ class OrderOperations:
             obj = await self.orders.get(order)
             cond = condition_of(obj, ControllerCondition.NODE_REQUESTS_VALID) if obj is not None else None
             observed = cond.get("observedGeneration") if cond else None
-            fresh = cond is not None and cond != judged_before
-            if (
-                fresh
-                and cond is not None
+            refused = (
+                cond is not None
                 and gen is not None
                 and isinstance(observed, int)
                 and observed >= gen
-            ):
-                if cond.get("status") == ConditionStatus.FALSE.value:
-                    # Written before the workflow judged it: the order keeps asking for it.
-                    raise CommandError(
-                        f"order {order.key}: rejected: {cond.get('message')} (the order's {node_set}"
-                        f" node request now asks for {count}, which was refused: correct it or set it"
-                        " back)"
-                    )
+                and cond.get("status") == ConditionStatus.FALSE.value
+            )
+            # A refusal already there before the write is the answer only once the wait is over
+            # (the controller may judge the write the same way and leave the condition as it was).
+            if cond is not None and refused and (cond != judged_before or time.monotonic() > deadline):
+                # Written before the workflow judged it: the order keeps asking for it.
+                raise CommandError(
+                    f"order {order.key}: rejected: {cond.get('message')} (the order's {node_set}"
+                    f" node request now asks for {count}, which was refused: correct it or set it"
+                    " back)"
+                )
             try:
                 status = await self.api.status(order)
             except OrderNotFound:

@@ -759,10 +759,10 @@ class ClusterWorkersWorkflow:
         elif (
             current is not None
             and current.reason == HubErrorType.PULL_SECRET_INVALID.value
-            and ensured.pull_secret_refused is None
             and not ensured.created
         ):
-            # Its pull Secret was gone and is written again: the image is built again from it.
+            # Its pull Secret was gone and is back (written again, or restored by hand while the
+            # order's is still refused): the image is built again from it.
             self._infraenv_recreated += 1
             return
         if ensured.created:
