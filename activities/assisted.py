@@ -1264,9 +1264,11 @@ class AssistedActivities:
             was_first, first[0] = first[0], False
             if agent is None:
                 return AgentUnbound(agent=ref, gone=True, was_claimed=not was_first)
-            if was_first and not agent_claimed(agent):
-                return AgentUnbound(agent=ref, was_claimed=False, state=agent_state(agent))
             state = agent_state(agent)
+            # Unbinding states come only after a claim: one the provider released before this wait
+            # began was claimed all the same (its withdrawal and the newcomers' sync must follow).
+            if was_first and not agent_claimed(agent) and state not in UNBINDING_STATES:
+                return AgentUnbound(agent=ref, was_claimed=False, state=state)
             last["state"], last["agent"] = state, agent
             released = not dig(agent, "spec", "clusterDeploymentName", "name")
             if released and (
@@ -1456,6 +1458,9 @@ class AssistedActivities:
         """Delete the Agent; NotFound counts as success."""
         deleted = await self._kube.delete(AGENTS, agent.namespace, agent.name)
         return DeleteResult(already_gone=not deleted)
+
+
+UNBINDING_STATES = frozenset({AgentState.UNBINDING, AgentState.UNBINDING_PENDING_USER_ACTION})
 
 
 def pull_secret_problem(text: str) -> str | None:

@@ -111,6 +111,15 @@ async def test_worker_lifecycle_through_the_agent_provider(lab, lab_api, lab_ass
     assert marked.machine == machines[f"agent://{leaving.name}"]["metadata"]["name"]
     await kit.run()(lab_assisted.mark_agent_removing, leaving)
     assert (await kit.run()(lab_hub_acts.sync_nodepool_replicas, pool)).replicas == 1
+    # The lab's provider releases it at once: the wait begins after the release, as a slow worker's
+    # would. It was claimed all the same (this read it as never claimed, so the newcomers' replica
+    # sync and the withdrawal of its approval were skipped).
+    deadline = asyncio.get_running_loop().time() + 30
+    while (lab_api.get("Agent", leaving.name) or {}).get("status", {}).get("debugInfo", {}).get(
+        "state"
+    ) != "unbinding-pending-user-action":
+        assert asyncio.get_running_loop().time() < deadline, "the lab's provider to release the Agent"
+        await asyncio.sleep(0.05)
     unbound = await kit.run()(
         lab_assisted.wait_agent_unbound, WaitAgentUnboundInput(agent=leaving, deadline=soon())
     )
