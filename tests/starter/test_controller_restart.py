@@ -113,8 +113,13 @@ async def test_an_edit_made_while_the_previous_one_is_applied_is_applied_too(sta
         await eventually(both_applied, "generation 3 (the edit made during the apply of 2) applied")
         await eventually(lambda: _key_in_infraenv(stack, order), "the new SSH key in the InfraEnv")
         await wait_ready(stack, order, 2)
-        accepted = condition(await get_order(stack, order), "NodeRequestsValid") or {}
-        assert accepted.get("observedGeneration") == 3
+
+        async def accepted_at_3() -> bool:
+            # Written by the controller just after the apply returns: waited for, not raced.
+            accepted = condition(await get_order(stack, order), "NodeRequestsValid") or {}
+            return accepted.get("observedGeneration") == 3 and accepted.get("status") == "True"
+
+        await eventually(accepted_at_3, "NodeRequestsValid=True naming generation 3")
 
 
 async def _key_in_infraenv(stack: Stack, order: OrderRef) -> bool:
