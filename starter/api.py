@@ -75,6 +75,14 @@ class WorkflowState(StrEnum):
         )
 
 
+def stopped_run_text(order: OrderRef, state: WorkflowState) -> str:
+    """Why an order whose workers workflow closed abnormally takes no change, and the recourse."""
+    return (
+        f"the workers workflow of order {order.key} is {state}: it takes no change until an operator"
+        " resets it or releases its hosts (its WorkersWorkflowStopped condition says how)"
+    )
+
+
 @dataclass(frozen=True)
 class LatestRun:
     """An order's latest workers workflow run: its state, and its id (None when there is none)."""
@@ -292,10 +300,7 @@ class WorkersApi:
             return CommandError(f"{field}: order {order.key} is decommissioned; it takes no more changes")
         if state == WorkflowState.RUNNING:  # the run closed and a new one started meanwhile
             return CommandError(f"{field}: order {order.key} has a new workers workflow run; try again")
-        return CommandError(
-            f"{field}: the workers workflow of order {order.key} is {state}: it takes no command until an"
-            " operator resets it or releases its hosts (its WorkersWorkflowStopped condition says how)"
-        )
+        return CommandError(f"{field}: {stopped_run_text(order, state)}")
 
     async def wait_finished(self, order: OrderRef) -> ClusterWorkersStatus:
         """Block until decommission completed: every BMI gone and the InfraEnv deleted."""

@@ -28,7 +28,7 @@ from contracts.workflows import (
     NodeSetRequest,
     node_set_problem,
 )
-from starter.api import CommandError, OrderNotFound, WorkersApi
+from starter.api import CommandError, OrderNotFound, WorkersApi, stopped_run_text
 from starter.orders import (
     FINALIZER,
     ControllerCondition,
@@ -63,10 +63,13 @@ class OrderOperations:
         self._warn = warn
 
     async def facts(self, order: OrderRef) -> OrderFacts:
+        return order_facts(order, await self._read(order))
+
+    async def _read(self, order: OrderRef) -> dict[str, Any]:
         obj = await self.orders.get(order)
         if obj is None:
             raise OrderNotFound(f"order {order.key}: no ClusterOrder of that name on the hub")
-        return order_facts(order, obj)
+        return obj
 
     async def _instance_types(self) -> list[str]:
         if self.catalog is None:
@@ -92,7 +95,8 @@ class OrderOperations:
 
         `confirm_scale_down` lets a mass scale-down through the workflow's guard: the order carries
         the confirmation annotation while the change is applied, and loses it again afterwards."""
-        facts = await self.facts(order)
+        before = await self._read(order)
+        facts = order_facts(order, before)
         if facts.unmanaged:
             raise CommandError(f"order {order.key} is annotated unmanaged: the controller does not act on it")
         if facts.deleting:
@@ -131,18 +135,14 @@ class OrderOperations:
         stopped = (await self.api.latest_run(order)).state
         if stopped.closed_abnormally:
             # The controller applies nothing to such an order: a count written now would only wait.
-            raise CommandError(
-                f"order {order.key}: its workers workflow is {stopped}: no change is applied until an"
-                " operator resets it or releases its hosts (its WorkersWorkflowStopped condition says how)"
-            )
-        before = await self.orders.get(order)
+            raise CommandError(f"node_set: {stopped_run_text(order, stopped)}")
         annotate = confirm_scale_down and not facts_confirmed(before)
         written = await self.orders.set_node_count(
             order, node_set, count, annotations={CONFIRM_SCALE_DOWN_ANNOTATION: "true"} if annotate else None
         )
         # A refusal already on the order (the same generation when only the confirmation was added)
         # is not the answer to this write.
-        judged = condition_of(before, ControllerCondition.NODE_REQUESTS_VALID) if before is not None else None
+        judged = condition_of(before, ControllerCondition.NODE_REQUESTS_VALID)
         try:
             return await self._wait_taken(order, node_set, count, generation(written), timeout, judged)
         finally:

@@ -177,7 +177,9 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change
     await stack.api.handle(order).terminate(reason="test")
     scaled = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "1")
     assert scaled.returncode == 1, scaled.stderr
-    assert "its workers workflow is Terminated: no change is applied" in " ".join(scaled.stderr.split())
+    assert f"the workers workflow of order {order.key} is Terminated: it takes no change" in " ".join(
+        scaled.stderr.split()
+    )
     assert count_of(await get_order(stack, order), "bm-standard") == 0
     released = await cli(env, "scale-down", order.key, order.worker_name(0))
     assert released.returncode == 1, released.stderr
