@@ -86,6 +86,8 @@ RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
 REQUEST_REFUSED = "RequestRefused"
 # How far a restarted worker's report numbers start above the last its stopped run delivered.
 RESTART_REPORT_GAP = 1000
+# A worker shows these only on its way out (a failed attempt's release stays Failed).
+LEAVING_PHASES = frozenset({WorkerPhase.UNBINDING, WorkerPhase.DELETING})
 
 
 class CommandRejected(ValueError):
@@ -155,11 +157,16 @@ class ClusterPatch(StrEnum):
     # While no boot image is known for the release, each look again reads the order first: the
     # tenant may have corrected spec.releaseImage (a typo no cluster version offers).
     RELEASE_READ_AGAIN_WITHOUT_IMAGE = "release-read-again-without-image"
+    # Every `ready_host_check`, a worker told to leave that reported nothing since the last look is
+    # told again: one whose run was stopped from outside while it left is started again to finish
+    # its release, instead of its host and a decommission waiting for ever.
+    STOPPED_LEAVERS_RESTARTED = "stopped-leavers-restarted"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
-    """Lower goes first: named, then Failed, then not yet Ready (newest first), then Ready (newest)."""
-    if slot.named_for_removal:
+    """Lower goes first: named, then leaving already (its run was cancelled), then Failed, then not
+    yet Ready (newest first), then Ready (newest)."""
+    if slot.named_for_removal or slot.status.phase in LEAVING_PHASES:
         group = 0
     elif slot.status.phase == WorkerPhase.FAILED:
         group = 1
@@ -383,6 +390,7 @@ class ClusterWorkersWorkflow:
         host_check = asyncio.ensure_future(self._check_ready_hosts())
         security_groups = asyncio.ensure_future(self._keep_security_groups())
         recreated_image = asyncio.ensure_future(self._wait_recreated_infraenv())
+        leavers = asyncio.ensure_future(self._look_after_leavers())
 
         prepared = self._facts is not None and self._cluster is not None and not self._preparing
         if not prepared and (not self._decommissioning or self._slots):
@@ -431,6 +439,7 @@ class ClusterWorkersWorkflow:
         host_check.cancel()
         security_groups.cancel()
         recreated_image.cancel()
+        leavers.cancel()
         # A last write the hub refuses for good is given up after its call timeout: retried for ever,
         # it held the run (and the controller the finalizer) until the server's history limit.
         await self._flush_status(
@@ -1205,6 +1214,35 @@ class ClusterWorkersWorkflow:
                     continue
                 workflow.logger.warning("worker %s lost its host: %s", slot.spec.name, lost.describe())
                 await self._tell_worker(slot, lost)
+
+    def _leavers(self) -> dict[str, int]:
+        """The slots told to leave that have not reported their end, with their last report's number."""
+        slots = self._slots.values()
+        return {s.spec.name: s.report_sequence for s in slots if s.scale_down_sent and not s.deleted}
+
+    async def _look_after_leavers(self) -> None:
+        """A worker is told to leave once, then reports until its host is wiped. One whose run was
+        stopped from outside meanwhile (terminated in the Web UI) would never be told anything again:
+        its host, and a decommission, would wait for ever. Every `ready_host_check`, a slot that was
+        leaving at the last look and reported nothing since is told again; a run that is not running
+        is started again to finish the release, a running one takes it as a no-op. Only runs that
+        recorded the patch look: the timer is new in their histories."""
+        await workflow.wait_condition(lambda: bool(self._leavers()))
+        if not workflow.patched(ClusterPatch.STOPPED_LEAVERS_RESTARTED.value):
+            return
+        while True:
+            await workflow.wait_condition(lambda: bool(self._leavers()))
+            seen = self._leavers()
+            await workflow.sleep(self._input.policy.ready_host_check)
+            now = self._leavers()
+            quiet = [self._slots[name] for name, sequence in seen.items() if now.get(name) == sequence]
+            await asyncio.gather(*(self._tell_leaver_again(slot) for slot in quiet))
+
+    async def _tell_leaver_again(self, slot: SlotRecord) -> None:
+        try:
+            await self._tell_worker(slot, None)
+        except ApplicationError as err:  # it ended meanwhile; its report is on its way
+            workflow.logger.warning("could not tell leaving worker %s again: %s", slot.spec.name, err)
 
     async def _publish_loop(self) -> None:
         """Coalesce status changes into few ClusterOrder writes: what changes while a write is in

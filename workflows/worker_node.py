@@ -102,6 +102,9 @@ class WorkerPatch(StrEnum):
     # `host_lost` in a run's first workflow task (the SDK applies signals before the run reads its
     # input) is judged once the run has its state, instead of being dropped.
     HOST_LOST_BEFORE_START = "host-lost-before-start"
+    # A cancellation requested from outside is a scale-down: the host is released and wiped before
+    # the run ends, instead of the run ending Canceled with its host allocated.
+    CANCEL_RELEASES = "cancel-releases"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -185,6 +188,25 @@ class WorkerNodeWorkflow:
 
     @workflow.run
     async def run(self, inp: WorkerNodeInput) -> WorkerNodeResult:
+        """The worker's life runs beside this method, so that a cancellation requested from outside
+        (the Web UI's "cancel") reaches only this method: it is taken as a scale-down, and the host
+        is released and wiped, instead of the run ending with its host allocated and nobody left to
+        release it. A leaving worker takes it as the no-op a second scale-down is."""
+        life = asyncio.ensure_future(self._live(inp))
+        while True:
+            try:
+                await workflow.wait_condition(life.done)
+                return life.result()
+            except asyncio.CancelledError:
+                if life.done() or not workflow.patched(WorkerPatch.CANCEL_RELEASES.value):
+                    # As before the patch: the cancellation goes through the life, which ends with it.
+                    life.cancel()
+                    await workflow.wait_condition(life.done)
+                    return life.result()
+                workflow.logger.warning("worker workflow cancelled from outside: releasing its host")
+                self.scale_down()
+
+    async def _live(self, inp: WorkerNodeInput) -> WorkerNodeResult:
         self._input = inp
         self._reports_by_activities = inp.revision >= WorkerRevision.ACTIVITY_REPORTS
         self._hands_in_wait = inp.revision >= WorkerRevision.AGENT_HANDED_IN_WAIT

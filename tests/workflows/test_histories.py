@@ -250,8 +250,12 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     run whose status write the hub refused, retried inside the workflow task until the run continued
     as new past it (recorded on 8ae76b1; the retries now wait on timers); an order whose release had
     no boot image, looked for again and again until one was linked (recorded on 13a70de; each look
-    now reads the order first)."""
-    replayer = Replayer(workflows=[ClusterWorkersWorkflow], data_converter=pydantic_data_converter)
+    now reads the order first); workers cancelled from outside, one while it waited for its Agent and
+    one Ready (recorded on 87a495c; the run ended Canceled, with its host, where a cancel is now a
+    scale-down)."""
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     for f in files:

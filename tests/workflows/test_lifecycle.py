@@ -3,6 +3,7 @@ scale back up, decommission; every BMI and Agent gone and every host wiped."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -614,11 +615,14 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
     assert await stack.bmis(order) == []
 
 
-async def test_workers_terminated_from_outside_are_started_again_to_release_their_hosts(stack: Stack) -> None:
-    """An operator terminates two Ready workers' workflows in the Web UI. The order's workflow does
-    not fail when it next tells them something: the one whose host breaks is started again, releases
-    that host and comes back on a new one; at decommission the other is started again to unbind its
-    Agent and give back its host, wiped. Nothing is left behind."""
+async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) -> None:
+    """An operator terminates two Ready workers' workflows in the Web UI and cancels a third. The
+    cancelled one releases its host (wiped) and completes, and the order replaces it. The order's
+    workflow does not fail when it next tells the terminated ones something: the one whose host
+    breaks is started again, releases that host and comes back on a new one; at decommission the
+    other is started again to unbind its Agent and give back its host, wiped. One terminated while
+    it leaves (its host's delete held) is started again at the next look to finish its release.
+    Nothing is left behind."""
     # A restarted worker waits out the stopped run's calls (their timeouts) before it looks.
     api = stack.with_policy(
         ready_host_check=timedelta(seconds=1),
@@ -628,23 +632,50 @@ async def test_workers_terminated_from_outside_are_started_again_to_release_thei
     order = await stack.create_order({"bm-standard": 3})
     await stack.apply(order, {"bm-standard": 3}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
-    leaves, breaks, _untouched = (order.worker_name(i) for i in range(3))
+    leaves, breaks, cancelled = (order.worker_name(i) for i in range(3))
     for name in (leaves, breaks):
         await stack.client.get_workflow_handle(worker_workflow_id(order, name)).terminate(reason="test")
     (await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{before[breaks]}/break")).raise_for_status()
+    cancelled_run = stack.client.get_workflow_handle(worker_workflow_id(order, cancelled))
+    await cancelled_run.cancel()
 
     async def replaced() -> WorkerStatus | None:
         status = await stack.api.status(order)
-        worker = next(w for w in status.workers if w.name == breaks)
-        moved = worker.resource_id not in (None, before[breaks])
-        return worker if status.ready_workers == 3 and moved else None
+        workers = {w.name: w for w in status.workers}
+        moved = workers[breaks].resource_id not in (None, before[breaks])
+        return workers[breaks] if status.ready_workers == 3 and moved and cancelled not in workers else None
 
-    worker = await eventually(replaced, "the terminated worker's broken host replaced", timeout=120)
+    worker = await eventually(replaced, "the broken host and the cancelled worker replaced", timeout=120)
     assert worker.attempt_count == 2 and worker.last_failure_reason == FailureReason.HOST_LOST
+    assert (await cancelled_run.describe()).status == WorkflowExecutionStatus.COMPLETED
     wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
-    assert before[breaks] in wiped
+    assert {before[breaks], before[cancelled]} <= wiped
 
-    await stack.decommission_and_wait(order)  # the other terminated worker is started again to leave
+    # Every host's delete fails until the faults are cleared: the workers stay leaving.
+    await stack.set_bmaas_faults(
+        routes={"DELETE /api/private/v1/baremetal_instances/{id}": {"error_rate": 1.0}}
+    )
+    try:
+        await stack.api.decommission(order)
+
+        async def breaks_deleting() -> bool:
+            workers = {w.name: w for w in (await stack.api.status(order)).workers}
+            return workers[breaks].phase == WorkerPhase.DELETING
+
+        await eventually(breaks_deleting, f"{breaks} deleting its host")
+        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, breaks))
+        stopped_run = (await stopped.describe()).run_id
+        await stopped.terminate(reason="test")
+
+        async def started_again() -> bool:
+            latest = await stack.client.get_workflow_handle(worker_workflow_id(order, breaks)).describe()
+            return latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.RUNNING
+
+        # Before the delete goes through: the stopped run's own wait may still finish it meanwhile.
+        await eventually(started_again, f"{breaks}, stopped while leaving, started again")
+    finally:
+        await stack.clear_bmaas_faults()
+    await asyncio.wait_for(stack.api.wait_finished(order), 180)
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
     wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
