@@ -248,11 +248,21 @@ def decommission(
 async def _follow(
     fetch_status: Callable[[OrderRef], Awaitable[ClusterWorkersStatus]], ref: OrderRef, timeout: float | None
 ) -> ClusterWorkersStatus | None:
+    told = False
+
     async def fetch() -> ClusterWorkersStatus | None:
+        nonlocal told
         try:
             return await fetch_status(ref)
-        except OrderNotFound:
-            return None  # not started yet (the controller may not have seen the order)
+        except OrderNotFound:  # not started yet (the controller may not have seen the order)
+            if not told:  # a mistyped name would otherwise wait in silence
+                told = True
+                typer.echo(
+                    f"order {ref.key}: no workers workflow yet; waiting for the controller to start one"
+                    " (is the order's name right?)",
+                    err=True,
+                )
+            return None
 
     return await follow(fetch, timeout=timeout)
 

@@ -249,10 +249,16 @@ class OrderOperations:
                 facts = order_facts(order, obj)
                 asks = sum(n.count for n in facts.node_sets)
                 if not facts.unmanaged and not facts.deleting and (asks or FINALIZER in finalizers(obj)):
+                    why = (
+                        f"the ClusterOrder still asks for {asks} bare-metal worker(s) and the controller"
+                        " would provision them again"
+                        if asks
+                        else f"the controller manages the ClusterOrder (it carries the finalizer {FINALIZER})"
+                        " and would start its workers workflow again"
+                    )
                     raise CommandError(
-                        f"order {order.key}: the ClusterOrder still asks for {asks} bare-metal worker(s)"
-                        " and the controller would provision them again. Delete the ClusterOrder (its"
-                        " finalizer decommissions the workers), or annotate it"
-                        " osac.openshift.io/management-state=unmanaged first; --force decommissions anyway"
+                        f"order {order.key}: {why}. Delete the ClusterOrder (its finalizer decommissions"
+                        " the workers), or annotate it osac.openshift.io/management-state=unmanaged"
+                        " first; --force decommissions anyway"
                     )
         return await self.api.decommission(order)

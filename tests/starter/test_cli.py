@@ -159,6 +159,7 @@ async def test_watch_follows_an_order_until_it_settles(
     assert "ready 2/2" in watched.stdout
     missing = await cli(env, "watch", f"{order.namespace}/nothing-here", "--timeout", "1")
     assert missing.returncode == 1
+    assert "no workers workflow yet; waiting for the controller" in missing.stderr  # said at once
     assert "no workers workflow appeared" in missing.stderr
 
 
@@ -184,6 +185,12 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change
     released = await cli(env, "scale-down", order.key, order.worker_name(0))
     assert released.returncode == 1, released.stderr
     assert f"the workers workflow of order {order.key} is Terminated" in " ".join(released.stderr.split())
+    # It asks for no worker, but the controller manages it: that, not a count, is the reason given.
+    refused = await cli(env, "decommission", order.key, "--no-wait")
+    assert refused.returncode == 1, refused.stderr
+    assert "the controller manages the ClusterOrder (it carries the finalizer" in " ".join(
+        refused.stderr.split()
+    )
 
 
 async def test_decommission_of_an_order_the_controller_leaves_alone(
