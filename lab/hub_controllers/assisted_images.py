@@ -98,8 +98,8 @@ def pull_secret_error(text: str) -> str | None:
 def _is_base64(value: object) -> bool:
     if not isinstance(value, str):
         return False
-    try:
-        base64.b64decode(value, validate=True)
+    try:  # as Go's decoder, which assisted-service uses, line breaks are skipped
+        base64.b64decode(value.replace("\r", "").replace("\n", ""), validate=True)
     except ValueError:
         return False
     return True

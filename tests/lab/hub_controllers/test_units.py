@@ -7,6 +7,7 @@ import json
 import pytest
 
 from lab.hub_controllers.agent_status import HostView, render_status
+from lab.hub_controllers.assisted_images import pull_secret_error
 from lab.hub_controllers.constants import HostStage, HostState
 from lab.hub_controllers.faults import (
     AgentFaults,
@@ -146,3 +147,16 @@ def test_condition_tables_follow_the_real_service() -> None:
     assert failed["progress"]["currentStage"] == HostStage.WRITING_IMAGE_TO_DISK.value
     assert _conditions(HostView(HostState.ERROR, True, True))["Installed"] == ("False", "InstallationFailed")
     assert _conditions(HostView(HostState.DISCOVERING_UNBOUND, True, False))["Validated"][0] == "Unknown"
+
+
+@pytest.mark.parametrize(
+    ("auth", "refused"),
+    [
+        ("dXNlcjpwYXNz", False),
+        ("dXNl\ncjpw\r\nYXNz", False),  # Go's decoder, which assisted-service uses, skips line breaks
+        ("not base64!", True),
+    ],
+)
+def test_the_pull_secret_check_reads_base64_as_assisted_service_does(auth: str, refused: bool) -> None:
+    problem = pull_secret_error(json.dumps({"auths": {"quay.io": {"auth": auth}}}))
+    assert (problem is not None) == refused, problem
