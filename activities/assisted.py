@@ -296,9 +296,35 @@ def _candidates(input: WaitAgentInput, agents: list[KubeObject]) -> list[KubeObj
     return found
 
 
-def _match_agent(input: WaitAgentInput, agents: list[KubeObject]) -> AgentMatch | None:
+class InventoryGuard:
+    """Which Agents without an inventory yet hold a match back: the ones the hub listed when the
+    match was first seen on a fresh list. Each could turn out to report the same MAC, so the match
+    waits for their inventories (seconds). An Agent registered after that is as unknowable as one
+    registered just after the hand-off, and waiting for every newcomer too held each match of a
+    scale-up until the whole burst of registrations had settled (bench/README.md, round 27)."""
+
+    def __init__(self) -> None:
+        self.awaited: frozenset[str] | None = None
+
+    def holds(self, candidates: list[KubeObject], *, fresh: bool) -> bool:
+        young = {str(meta(a).get("name")) for a in candidates if not agent_macs(a) and awaiting_inventory(a)}
+        if self.awaited is None:
+            if not fresh:
+                return False  # a cache may lag the hub: the fresh list this calls for decides
+            self.awaited = frozenset(young)
+        return bool(young & self.awaited)
+
+
+def _match_agent(
+    input: WaitAgentInput,
+    agents: list[KubeObject],
+    guard: InventoryGuard | None = None,
+    *,
+    fresh: bool = True,
+) -> AgentMatch | None:
     """The one Agent reporting one of the BMI's MACs; None while there is none, or while an Agent
-    whose MACs are not known yet could turn out to be a duplicate. Two: AmbiguousAgentMatch."""
+    whose MACs are not known yet could turn out to be a duplicate (`guard`: which ones; without it,
+    every recent one). Two: AmbiguousAgentMatch."""
     namespace, infraenv = input.infraenv.namespace, input.infraenv.name
     wanted = set(input.macs)
     candidates = _candidates(input, agents)
@@ -316,7 +342,7 @@ def _match_agent(input: WaitAgentInput, agents: list[KubeObject]) -> AgentMatch 
         )
     if not matching:
         return None
-    if any(awaiting_inventory(a) for a in candidates if not agent_macs(a)):
+    if (guard or InventoryGuard()).holds(candidates, fresh=fresh):
         return None
     return AgentMatch(
         namespace=namespace,
@@ -883,6 +909,7 @@ class AssistedActivities:
         # The cache view a fresh list last disagreed with, and when: decided again only once the
         # cache changed or a tick passed, not in a loop of lists that never heartbeats.
         overruled: tuple[frozenset[tuple[str, str]], float] | None = None
+        guard = InventoryGuard()
 
         def view(agents: list[KubeObject]) -> frozenset[tuple[str, str]]:
             return frozenset((str(meta(a).get("name")), str(meta(a).get("resourceVersion"))) for a in agents)
@@ -896,7 +923,7 @@ class AssistedActivities:
             ):
                 return None
             try:
-                return True if _match_agent(input, agents) is not None else None
+                return True if _match_agent(input, agents, guard, fresh=False) is not None else None
             except ApplicationError as err:
                 # An ambiguity is final (the host is given up): the cache alone may show an Agent
                 # the hub deleted, so the fresh list decides it too.
@@ -916,7 +943,7 @@ class AssistedActivities:
                 )
             except WaitTimedOut:
                 # Decided on the hub's own list: the cache may be blind while it counts as synced.
-                agent, listed = await self._fresh_match(input)
+                agent, listed = await self._fresh_match(input, guard)
                 if agent is not None:
                     return agent, listed
                 raise error(
@@ -930,19 +957,21 @@ class AssistedActivities:
                 ) from None
             # The cache may lag the hub: decide on a fresh list (one call per match, not per wait),
             # so an Agent registered just before is seen and an ambiguity is not missed.
-            agent, listed = await self._fresh_match(input)
+            agent, listed = await self._fresh_match(input, guard)
             if agent is not None:
                 return agent, listed
             overruled = (view(informer.indexed(namespace, keys)), time.monotonic())
 
-    async def _fresh_match(self, input: WaitAgentInput) -> tuple[AgentMatch | None, list[KubeObject]]:
+    async def _fresh_match(
+        self, input: WaitAgentInput, guard: InventoryGuard | None = None
+    ) -> tuple[AgentMatch | None, list[KubeObject]]:
         """_match_agent on the InfraEnv's Agents as the hub holds them now (returned too): see
         `HubKube.list_current`; the cache alone may lag a registration or miss a look-alike."""
         ref = input.infraenv
         fresh = await self._kube.list_current(
             AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
         )
-        agent = _match_agent(input, fresh.items)
+        agent = _match_agent(input, fresh.items, guard)
         if agent is not None:
             activity.logger.info("Agent %s/%s correlated by MAC", agent.namespace, agent.name)
         return agent, fresh.items

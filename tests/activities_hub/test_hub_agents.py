@@ -766,31 +766,56 @@ async def test_hand_off_refuses_an_agent_whose_mac_appeared_twice(api, api_assis
     assert api.get("Agent", "host-a")["spec"]["approved"] is False
 
 
-async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
-    """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
-    macs = kit.random_macs(2)
-    api.agent("host-a", macs)
+def _registered_without_inventory(api, name: str) -> None:
+    """An Agent assisted-service created moments ago, before it wrote the host's inventory."""
+    labels = {"infraenvs.agent-install.openshift.io": "order-1-infraenv"}
     api.create(
-        "Agent",
-        {
-            "metadata": {
-                "name": "late",
-                "labels": {"infraenvs.agent-install.openshift.io": "order-1-infraenv"},
-            },
-            "spec": {"approved": False, "role": ""},
-        },
+        "Agent", {"metadata": {"name": name, "labels": labels}, "spec": {"approved": False, "role": ""}}
     )
-    run = kit.run()
-    task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+
+
+def _inventory(api, name: str, macs: list[str]) -> None:
+    interfaces = [
+        {"macAddress": mac.upper(), "flags": [], "ipV4Addresses": [], "ipV6Addresses": []} for mac in macs
+    ]
+    api.patch("Agent", name, {"status": {"inventory": {"interfaces": interfaces}}}, status=True)
+
+
+async def _held_back(run, task) -> None:
     await run.first_heartbeat()
     run.beat.clear()
     await asyncio.wait_for(run.beat.wait(), 30)  # a second heartbeat: still undecided
     assert not task.done()
-    interfaces = [{"macAddress": macs[0].upper(), "flags": [], "ipV4Addresses": [], "ipV6Addresses": []}]
-    api.patch("Agent", "late", {"status": {"inventory": {"interfaces": interfaces}}}, status=True)
+
+
+async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
+    """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
+    macs = kit.random_macs(2)
+    api.agent("host-a", macs)
+    _registered_without_inventory(api, "late")
+    run = kit.run()
+    task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    await _held_back(run, task)
+    _inventory(api, "late", macs[:1])
     with pytest.raises(ApplicationError) as ambiguous:
         await asyncio.wait_for(task, 30)
     assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH
+
+
+async def test_agents_registered_after_the_match_was_seen_do_not_hold_it(api, api_assisted, kit):
+    """The match waits for the inventories of the Agents the hub listed when it was first seen, not
+    for every Agent registered after: in a scale-up's burst some Agent is nearly always between its
+    registration and its inventory, and each match waited until the whole burst had settled."""
+    macs = kit.random_macs(2)
+    api.agent("host-a", macs)
+    _registered_without_inventory(api, "late")
+    run = kit.run()
+    task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    await _held_back(run, task)
+    _registered_without_inventory(api, "later")
+    _inventory(api, "late", kit.random_macs(1))  # another host's
+    match = await asyncio.wait_for(task, 30)
+    assert match.name == "host-a"
 
 
 async def test_a_leaving_agents_machine_goes_before_a_newcomer_is_counted(api, api_hub_acts, kit):
