@@ -781,21 +781,23 @@ def _inventory(api, name: str, macs: list[str]) -> None:
     api.patch("Agent", name, {"status": {"inventory": {"interfaces": interfaces}}}, status=True)
 
 
-async def _held_back(run, task) -> None:
-    await run.first_heartbeat()
-    run.beat.clear()
-    await asyncio.wait_for(run.beat.wait(), 30)  # a second heartbeat: still undecided
-    assert not task.done()
-
-
-async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
-    """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
+async def _match_held_by_a_late_agent(api, api_assisted, kit) -> tuple[list[str], asyncio.Task[Any]]:
+    """A wait whose one match is held back by Agent "late", registered without its inventory yet."""
     macs = kit.random_macs(2)
     api.agent("host-a", macs)
     _registered_without_inventory(api, "late")
     run = kit.run()
     task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
-    await _held_back(run, task)
+    await run.first_heartbeat()
+    run.beat.clear()
+    await asyncio.wait_for(run.beat.wait(), 30)  # a second heartbeat: still undecided
+    assert not task.done()
+    return macs, task
+
+
+async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
+    """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
+    macs, task = await _match_held_by_a_late_agent(api, api_assisted, kit)
     _inventory(api, "late", macs[:1])
     with pytest.raises(ApplicationError) as ambiguous:
         await asyncio.wait_for(task, 30)
@@ -806,12 +808,7 @@ async def test_agents_registered_after_the_match_was_seen_do_not_hold_it(api, ap
     """The match waits for the inventories of the Agents the hub listed when it was first seen, not
     for every Agent registered after: in a scale-up's burst some Agent is nearly always between its
     registration and its inventory, and each match waited until the whole burst had settled."""
-    macs = kit.random_macs(2)
-    api.agent("host-a", macs)
-    _registered_without_inventory(api, "late")
-    run = kit.run()
-    task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
-    await _held_back(run, task)
+    _, task = await _match_held_by_a_late_agent(api, api_assisted, kit)
     _registered_without_inventory(api, "later")
     _inventory(api, "late", kit.random_macs(1))  # another host's
     match = await asyncio.wait_for(task, 30)
