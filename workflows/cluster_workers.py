@@ -1233,7 +1233,15 @@ class ClusterWorkersWorkflow:
         while True:
             await workflow.wait_condition(lambda: bool(self._leavers()))
             seen = self._leavers()
-            await workflow.sleep(self._input.policy.ready_host_check)
+            try:  # a timer that every leaver's end cancels: no wake-up after a leave that went well
+                await workflow.wait_condition(
+                    lambda: not self._leavers(),
+                    timeout=self._input.policy.ready_host_check,
+                    timeout_summary="Look after the leaving workers",
+                )
+                continue
+            except TimeoutError:
+                pass
             now = self._leavers()
             quiet = [self._slots[name] for name, sequence in seen.items() if now.get(name) == sequence]
             await asyncio.gather(*(self._tell_leaver_again(slot) for slot in quiet))
