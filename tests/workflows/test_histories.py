@@ -222,11 +222,19 @@ def _recorded() -> list[WorkflowHistory]:
     """The current code's histories, and those started by earlier releases, which workflows still
     running at an upgrade have: revision-1 (WorkerRevision.SIGNALLED_REPORTS), revision-2
     (ACTIVITY_REPORTS, before the cluster workflow's `ClusterPatch`es), revision-2-patched
-    (ACTIVITY_REPORTS, with them) and revision-3-before-security-groups (AGENT_HANDED_IN_WAIT, with
-    the patches up to ready-hosts-checked)."""
+    (ACTIVITY_REPORTS, with them), revision-3-before-security-groups (AGENT_HANDED_IN_WAIT, with
+    the patches up to ready-hosts-checked) and revision-3-before-leavers-looked-after (recorded on
+    63ed246, before the patch stopped-leavers-restarted)."""
     files = sorted(f for f in HISTORIES.glob("**/*.json") if REGRESSIONS not in f.parents)
     names = {str(f.relative_to(HISTORIES).with_suffix("")) for f in files}
-    prefixes = ("", "revision-1/", "revision-2/", "revision-2-patched/", "revision-3-before-security-groups/")
+    prefixes = (
+        "",
+        "revision-1/",
+        "revision-2/",
+        "revision-2-patched/",
+        "revision-3-before-security-groups/",
+        "revision-3-before-leavers-looked-after/",
+    )
     expected = {f"{prefix}{kind}" for prefix in prefixes for kind in ("cluster-workers", "worker")}
     assert names == expected, "recorded histories are missing"
     return [
