@@ -126,6 +126,8 @@ DOCKERCONFIG_SECRET_TYPE = "kubernetes.io/dockerconfigjson"
 WORKER_ANNOTATION = "osac.openshift.io/worker"
 MAX_ADOPT_ATTEMPTS = 5
 INVENTORY_GRACE = timedelta(minutes=2)
+# How long a match waits for the inventory of an Agent registered after the match was first seen.
+NEWCOMER_GRACE_S = 10.0
 
 
 # A condition reason as Kubernetes shapes them (metav1.Condition): a CamelCase token, bounded.
@@ -297,14 +299,16 @@ def _candidates(input: WaitAgentInput, agents: list[KubeObject]) -> list[KubeObj
 
 
 class InventoryGuard:
-    """Which Agents without an inventory yet hold a match back: the ones the hub listed when the
-    match was first seen on a fresh list. Each could turn out to report the same MAC, so the match
-    waits for their inventories (seconds). An Agent registered after that is as unknowable as one
-    registered just after the hand-off, and waiting for every newcomer too held each match of a
-    scale-up until the whole burst of registrations had settled (bench/README.md, round 27)."""
+    """Which Agents without an inventory yet hold a match back (each could turn out to report the
+    same MAC): every one the hub listed when the match was first seen on a fresh list, until its
+    inventory is there; one registered after that, only for `newcomer_grace` seconds from then.
+    Waiting for every newcomer held each match of a scale-up until the whole burst of registrations
+    had settled (bench/README.md, round 27); an inventory normally follows its Agent within seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, newcomer_grace: float = NEWCOMER_GRACE_S) -> None:
         self.awaited: frozenset[str] | None = None
+        self._newcomer_grace = newcomer_grace
+        self._first_seen = 0.0
 
     def holds(self, candidates: list[KubeObject], *, fresh: bool) -> bool:
         young = {str(meta(a).get("name")) for a in candidates if not agent_macs(a) and awaiting_inventory(a)}
@@ -312,7 +316,10 @@ class InventoryGuard:
             if not fresh:
                 return False  # a cache may lag the hub: the fresh list this calls for decides
             self.awaited = frozenset(young)
-        return bool(young & self.awaited)
+            self._first_seen = time.monotonic()
+        if young & self.awaited:
+            return True
+        return bool(young) and time.monotonic() - self._first_seen < self._newcomer_grace
 
 
 def _match_agent(
@@ -369,8 +376,10 @@ class AssistedActivities:
         ignition_warn_bytes: int = IGNITION_WARN_BYTES,
         ignition_limit_bytes: int = IGNITION_LIMIT_BYTES,
         ignition_timeout: float = 30.0,
+        newcomer_grace: float = NEWCOMER_GRACE_S,
     ) -> None:
         self._kube = kube
+        self._newcomer_grace = newcomer_grace
         kube.informer(AGENTS).add_index(agent_index_keys)
         self._http = http
         self._ignitions: InFlight[tuple[str, str], str] = InFlight()
@@ -909,7 +918,7 @@ class AssistedActivities:
         # The cache view a fresh list last disagreed with, and when: decided again only once the
         # cache changed or a tick passed, not in a loop of lists that never heartbeats.
         overruled: tuple[frozenset[tuple[str, str]], float] | None = None
-        guard = InventoryGuard()
+        guard = InventoryGuard(self._newcomer_grace)
 
         def view(agents: list[KubeObject]) -> frozenset[tuple[str, str]]:
             return frozenset((str(meta(a).get("name")), str(meta(a).get("resourceVersion"))) for a in agents)

@@ -86,8 +86,6 @@ RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
 REQUEST_REFUSED = "RequestRefused"
 # How far a restarted worker's report numbers start above the last its stopped run delivered.
 RESTART_REPORT_GAP = 1000
-# A worker shows these only on its way out (a failed attempt's release stays Failed).
-LEAVING_PHASES = frozenset({WorkerPhase.UNBINDING, WorkerPhase.DELETING})
 
 
 class CommandRejected(ValueError):
@@ -206,6 +204,8 @@ class ClusterWorkersWorkflow:
         self._security_groups_applied = 0
         # A worker reported that the InfraEnv is gone.
         self._infraenv_missing = carried.infraenv_missing
+        # Per leaving slot: how many looks in a row found it quiet (`_look_after_leavers`).
+        self._quiet_looks: dict[str, int] = {}
         # The InfraEnv was created again: its image is waited for while this is above the last one seen.
         self._infraenv_recreated = 1 if carried.infraenv_image_pending else 0
         self._infraenv_image_seen = 0
@@ -1216,9 +1216,13 @@ class ClusterWorkersWorkflow:
                 await self._tell_worker(slot, lost)
 
     def _leavers(self) -> dict[str, int]:
-        """The slots told to leave that have not reported their end, with their last report's number."""
-        slots = self._slots.values()
-        return {s.spec.name: s.report_sequence for s in slots if s.scale_down_sent and not s.deleted}
+        """The slots told to leave, or leaving on their own (their run was cancelled), that have not
+        reported their end, with their last report's number."""
+        return {
+            s.spec.name: s.report_sequence
+            for s in self._slots.values()
+            if (s.scale_down_sent or s.status.phase in LEAVING_PHASES) and not s.deleted
+        }
 
     async def _look_after_leavers(self) -> None:
         """A worker is told to leave once, then reports until its host is wiped. One whose run was
@@ -1243,8 +1247,12 @@ class ClusterWorkersWorkflow:
             except TimeoutError:
                 pass
             now = self._leavers()
-            quiet = [self._slots[name] for name, sequence in seen.items() if now.get(name) == sequence]
-            await asyncio.gather(*(self._tell_leaver_again(slot) for slot in quiet))
+            quiet = [name for name, sequence in seen.items() if now.get(name) == sequence]
+            self._quiet_looks = {name: self._quiet_looks.get(name, 0) + 1 for name in quiet}
+            # Told again at the 1st, 2nd, 4th and 8th quiet look in a row, then every 12th: a wipe
+            # stuck for days is not signalled at every look, and a run stopped meanwhile still starts.
+            told = [self._slots[name] for name, looks in self._quiet_looks.items() if _tell_again_at(looks)]
+            await asyncio.gather(*(self._tell_leaver_again(slot) for slot in told))
 
     async def _tell_leaver_again(self, slot: SlotRecord) -> None:
         try:
@@ -1388,6 +1396,10 @@ class ClusterWorkersWorkflow:
         return await call_activity(
             name.value, arg, result_type, policy=self._input.policy, summary=summary, wait=wait, local=local
         )
+
+
+def _tell_again_at(quiet_looks: int) -> bool:
+    return quiet_looks & (quiet_looks - 1) == 0 or quiet_looks % 12 == 0
 
 
 def _active(slot: SlotRecord) -> bool:

@@ -8,6 +8,7 @@ again; it never gives up on its own. Deterministic: no I/O, `workflow.now()`, sa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -149,6 +150,8 @@ class WorkerNodeWorkflow:
         self._host_lost: LostInstance | None = None
         # `host_lost` that came before the run read its input: judged by the run.
         self._host_lost_before_start: LostInstance | None = None
+        # Whether a cancel request is taken as a scale-down (None: none came yet).
+        self._cancel_is_scale_down: bool | None = None
 
     # ----------------------------------------------------------------------------------- API
 
@@ -198,13 +201,42 @@ class WorkerNodeWorkflow:
                 await workflow.wait_condition(life.done)
                 return life.result()
             except asyncio.CancelledError:
-                if life.done() or not workflow.patched(WorkerPatch.CANCEL_RELEASES.value):
+                if life.done() or not self._take_cancel_as_scale_down():
                     # As before the patch: the cancellation goes through the life, which ends with it.
                     life.cancel()
                     await workflow.wait_condition(life.done)
                     return life.result()
+
+    def _take_cancel_as_scale_down(self) -> bool:
+        """Whether this run takes a cancel request as a scale-down (decided once; recorded runs
+        from before the patch do not), and if so, the scale-down."""
+        if self._cancel_is_scale_down is None:
+            self._cancel_is_scale_down = workflow.patched(WorkerPatch.CANCEL_RELEASES.value)
+            if self._cancel_is_scale_down:
                 workflow.logger.warning("worker workflow cancelled from outside: releasing its host")
-                self.scale_down()
+        if self._cancel_is_scale_down:
+            self.scale_down()
+        return self._cancel_is_scale_down
+
+    async def _wait(
+        self,
+        done: Callable[[], bool],
+        *,
+        timeout: float | timedelta | None = None,
+        timeout_summary: str | None = None,
+    ) -> None:
+        """`workflow.wait_condition` for the life. With the SDK's single-batch activations (workflow
+        logic flag 2, meant to become its default), a wait that began before a cancel request raises
+        CancelledError when it ends: that request is a scale-down here, so the wait ends as it would
+        have (a TimeoutError if it timed out). A cancellation of the task itself still goes through."""
+        try:
+            await workflow.wait_condition(done, timeout=timeout, timeout_summary=timeout_summary)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not self._take_cancel_as_scale_down():
+                raise
+            if timeout is not None and not done():
+                raise TimeoutError() from None
 
     async def _live(self, inp: WorkerNodeInput) -> WorkerNodeResult:
         self._input = inp
@@ -245,7 +277,7 @@ class WorkerNodeWorkflow:
                 continue
             if self._progress.status.phase == WorkerPhase.READY:
                 await self._flush_reports()
-                await workflow.wait_condition(
+                await self._wait(
                     lambda: (
                         self._scale_down
                         or self._host_lost is not None
@@ -280,7 +312,7 @@ class WorkerNodeWorkflow:
     async def _attempt_until_ready_or_scale_down(self) -> None:
         """Run one provisioning attempt; a scale-down cancels it wherever it is."""
         attempt = asyncio.ensure_future(self._provision())
-        await workflow.wait_condition(lambda: attempt.done() or self._scale_down)
+        await self._wait(lambda: attempt.done() or self._scale_down)
         if not attempt.done():
             attempt.cancel()
         try:
@@ -474,7 +506,7 @@ class WorkerNodeWorkflow:
             # Decided before the timer starts, so replay takes the same branch whatever the clock.
             final = remaining <= policy.agent_watch_renewal
             try:
-                await workflow.wait_condition(
+                await self._wait(
                     lambda: self._agent_registered is not None,
                     timeout=max(min(remaining, policy.agent_watch_renewal), MIN_TIMER),
                     timeout_summary=(
@@ -530,7 +562,7 @@ class WorkerNodeWorkflow:
         remaining = (retry_at - workflow.now()).total_seconds()
         if remaining > 0:
             try:
-                await workflow.wait_condition(lambda: self._scale_down, timeout=remaining)
+                await self._wait(lambda: self._scale_down, timeout=remaining)
             except TimeoutError:
                 pass
 
@@ -637,7 +669,7 @@ class WorkerNodeWorkflow:
             )
         )
         try:
-            await workflow.wait_condition(gone.done, timeout=stuck_after)
+            await self._wait(gone.done, timeout=stuck_after)
         except TimeoutError:
             self._record_failure(AttemptFailed(FailureReason.HOST_WIPE_STUCK, f"BMI {bmi_id} still deleting"))
             workflow.set_current_details(f"Wipe of BMI {bmi_id} is taking longer than {stuck_after}")
@@ -836,7 +868,7 @@ class WorkerNodeWorkflow:
 
     async def _continue_as_new(self) -> None:
         await self._flush_reports()
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._wait(workflow.all_handlers_finished)
         assert self._input is not None and self._progress is not None
         workflow.continue_as_new(self._input.model_copy(update={"progress": self._progress}))
 

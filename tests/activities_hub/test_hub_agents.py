@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.assisted import INFRAENV_LABEL
+from activities.assisted import INFRAENV_LABEL, AssistedActivities
 from activities.kube import AGENTS, HubKube, dig
 from contracts.hub import (
     AgentMatch,
@@ -781,36 +781,45 @@ def _inventory(api, name: str, macs: list[str]) -> None:
     api.patch("Agent", name, {"status": {"inventory": {"interfaces": interfaces}}}, status=True)
 
 
-async def _match_held_by_a_late_agent(api, api_assisted, kit) -> tuple[list[str], asyncio.Task[Any]]:
+async def _match_held_by_a_late_agent(api, acts, kit) -> tuple[list[str], Any, asyncio.Task[Any]]:
     """A wait whose one match is held back by Agent "late", registered without its inventory yet."""
     macs = kit.random_macs(2)
     api.agent("host-a", macs)
     _registered_without_inventory(api, "late")
     run = kit.run()
-    task = run.start(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    task = run.start(acts.wait_agent_for_macs, wait_input(api, macs))
     await run.first_heartbeat()
     run.beat.clear()
     await asyncio.wait_for(run.beat.wait(), 30)  # a second heartbeat: still undecided
     assert not task.done()
-    return macs, task
+    return macs, run, task
 
 
 async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
     """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
-    macs, task = await _match_held_by_a_late_agent(api, api_assisted, kit)
+    macs, _, task = await _match_held_by_a_late_agent(api, api_assisted, kit)
     _inventory(api, "late", macs[:1])
     with pytest.raises(ApplicationError) as ambiguous:
         await asyncio.wait_for(task, 30)
     assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH
 
 
-async def test_agents_registered_after_the_match_was_seen_do_not_hold_it(api, api_assisted, kit):
-    """The match waits for the inventories of the Agents the hub listed when it was first seen, not
-    for every Agent registered after: in a scale-up's burst some Agent is nearly always between its
-    registration and its inventory, and each match waited until the whole burst had settled."""
-    _, task = await _match_held_by_a_late_agent(api, api_assisted, kit)
+@pytest.mark.parametrize("grace", [0.0, 300.0])
+async def test_an_agent_registered_after_the_match_was_seen_holds_it_only_for_a_grace(
+    api, api_kube, http, kit, grace: float
+):
+    """The match waits for the inventories of the Agents the hub listed when it was first seen; one
+    registered after holds it only for the newcomer grace: in a scale-up's burst some Agent is nearly
+    always between its registration and its inventory, and each match waited for the whole burst."""
+    acts = AssistedActivities(api_kube, http, heartbeat_every=0.2, newcomer_grace=grace)
+    _, run, task = await _match_held_by_a_late_agent(api, acts, kit)
     _registered_without_inventory(api, "later")
     _inventory(api, "late", kit.random_macs(1))  # another host's
+    if grace:  # within the grace: held until the newcomer's inventory shows another host's NICs
+        run.beat.clear()
+        await asyncio.wait_for(run.beat.wait(), 30)
+        assert not task.done()
+        _inventory(api, "later", kit.random_macs(1))
     match = await asyncio.wait_for(task, 30)
     assert match.name == "host-a"
 
