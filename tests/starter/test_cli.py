@@ -329,35 +329,37 @@ async def test_worker_waits_for_temporal_at_start_then_gives_up_with_exit_3(
 
 
 async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str, str]) -> None:
-    bad = await cli(env, "status", "not-an-order")
-    assert bad.returncode == 2
-    assert "expected <namespace>/<order>" in bad.stderr
-    no_temporal = await cli({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}, "status", "ns/order")
-    assert no_temporal.returncode == 3
-    assert "cannot reach Temporal" in no_temporal.stderr
-    no_hub = await cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w")
-    assert no_hub.returncode == 3
-    assert "KUBECONFIG" in no_hub.stderr
-    # Refused before any process is started, naming the option (they were a traceback, or a
-    # pydantic error after the whole stack came up).
-    port = await cli(env, "dev", "up", "--temporal-port", "70000", "--state-dir", "/nonexistent/dev")
-    assert port.returncode == 2 and "'--temporal-port'" in port.stderr and "Traceback" not in port.stderr
-    namespace = await cli(env, "demo", "--namespace", "Bad_NS", "--state-dir", "/nonexistent/dev")
-    assert namespace.returncode == 2 and "'--namespace'" in namespace.stderr
-    assert "'Bad_NS' is not a DNS label" in namespace.stderr
-    # The controller's options likewise (a zero resync was 300 s, a negative one a busy loop).
-    for option, value, reason in [
+    controller_options = [
+        # A zero resync was 300 s, a negative one a busy loop.
         ("--resync-seconds", "0", "greater than or equal to 0.001"),
         ("--log-level", "chatty", "'chatty' is not a log level"),
         ("--namespace", "Bad_NS", "not a namespace name: 'Bad_NS'"),
-    ]:
-        refused = await cli(env, "controller", option, value)
+    ]
+    # Independent processes: run at once.
+    bad, no_temporal, no_hub, port, namespace, timeout, *controller = await asyncio.gather(
+        cli(env, "status", "not-an-order"),
+        cli({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}, "status", "ns/order"),
+        cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w"),
+        # Refused before any process is started, naming the option (they were a traceback, or a
+        # pydantic error after the whole stack came up).
+        cli(env, "dev", "up", "--temporal-port", "70000", "--state-dir", "/nonexistent/dev"),
+        cli(env, "demo", "--namespace", "Bad_NS", "--state-dir", "/nonexistent/dev"),
+        cli(env, "scale", "ns/order", "--node-set", "bm-standard", "--count", "1", "--timeout", "0"),
+        *(cli(env, "controller", option, value) for option, value, _ in controller_options),
+    )
+    assert bad.returncode == 2
+    assert "expected <namespace>/<order>" in bad.stderr
+    assert no_temporal.returncode == 3
+    assert "cannot reach Temporal" in no_temporal.stderr
+    assert no_hub.returncode == 3
+    assert "KUBECONFIG" in no_hub.stderr
+    assert port.returncode == 2 and "'--temporal-port'" in port.stderr and "Traceback" not in port.stderr
+    assert namespace.returncode == 2 and "'--namespace'" in namespace.stderr
+    assert "'Bad_NS' is not a DNS label" in namespace.stderr
+    assert timeout.returncode == 2 and "'--timeout'" in timeout.stderr
+    for (option, _, reason), refused in zip(controller_options, controller, strict=True):
         assert refused.returncode == 2 and f"'{option}'" in refused.stderr, (option, refused.stderr)
         assert reason in " ".join(refused.stderr.replace("│", " ").split()), (option, refused.stderr)
-    timeout = await cli(
-        env, "scale", "ns/order", "--node-set", "bm-standard", "--count", "1", "--timeout", "0"
-    )
-    assert timeout.returncode == 2 and "'--timeout'" in timeout.stderr
 
 
 async def test_bad_configuration_exits_2_naming_each_variable(env: dict[str, str], tmp_path: Path) -> None:
