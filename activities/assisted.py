@@ -301,7 +301,8 @@ def _candidates(input: WaitAgentInput, agents: list[KubeObject]) -> list[KubeObj
 class InventoryGuard:
     """Which Agents without an inventory yet hold a match back (each could turn out to report the
     same MAC): every one the hub listed when the match was first seen on a fresh list, until its
-    inventory is there; one registered after that, only for `newcomer_grace` seconds from then.
+    inventory is there; those registered after that, only until `newcomer_grace` seconds after
+    that first sight (any finite guard misses an Agent registered late enough; this one is bounded).
     Waiting for every newcomer held each match of a scale-up until the whole burst of registrations
     had settled (bench/README.md, round 27); an inventory normally follows its Agent within seconds."""
 

@@ -193,7 +193,8 @@ class TimingPolicy(BaseModel):
     prerequisite_recheck: timedelta = timedelta(minutes=1)
     # How often the cluster workflow asks BMaaS whether its Ready workers' hosts still run (one list
     # per order): a host that failed or was deleted behind our back is then released and replaced.
-    # Also how often its leaving workers that reported nothing are told again (a stopped one restarts).
+    # Also the pace at which leaving workers that report nothing are looked at and told again (a
+    # stopped one restarts): at the 1st, 2nd, 4th and 8th quiet look in a row, then every 12th.
     ready_host_check: timedelta = Field(default=timedelta(minutes=5), gt=timedelta(0))
     # A backend call still running after this is retried: how late a call lost with its worker
     # (killed, partitioned) is made again by another.

@@ -1227,10 +1227,10 @@ class ClusterWorkersWorkflow:
     async def _look_after_leavers(self) -> None:
         """A worker is told to leave once, then reports until its host is wiped. One whose run was
         stopped from outside meanwhile (terminated in the Web UI) would never be told anything again:
-        its host, and a decommission, would wait for ever. Every `ready_host_check`, a slot that was
-        leaving at the last look and reported nothing since is told again; a run that is not running
-        is started again to finish the release, a running one takes it as a no-op. Only runs that
-        recorded the patch look: the timer is new in their histories."""
+        its host, and a decommission, would wait for ever. A `ready_host_check` after a look began,
+        a slot that was leaving then and reported nothing since is told again (see `_tell_again_at`);
+        a run that is not running is started again to finish the release, a running one takes it as
+        a no-op. Only runs that recorded the patch look: the timer is new in their histories."""
         await workflow.wait_condition(lambda: bool(self._leavers()))
         if not workflow.patched(ClusterPatch.STOPPED_LEAVERS_RESTARTED.value):
             return
@@ -1399,7 +1399,8 @@ class ClusterWorkersWorkflow:
 
 
 def _tell_again_at(quiet_looks: int) -> bool:
-    return quiet_looks & (quiet_looks - 1) == 0 or quiet_looks % 12 == 0
+    """The 1st, 2nd, 4th and 8th quiet look in a row, then every 12th."""
+    return quiet_looks in (1, 2, 4, 8) or quiet_looks % 12 == 0
 
 
 def _active(slot: SlotRecord) -> bool:

@@ -51,6 +51,15 @@ CLUSTER_ORDERS = "/apis/osac.openshift.io/v1alpha1"
 AGENT_API = "/apis/agent-install.openshift.io/v1beta1"
 
 
+# Restarts of stopped workers in a test's time: a restarted worker waits out the stopped run's calls
+# (their timeouts) before it looks, and leaving workers are looked after every second.
+QUICK_RESTARTS: dict[str, timedelta] = {
+    "ready_host_check": timedelta(seconds=1),
+    "call_timeout": timedelta(seconds=5),
+    "wait_heartbeat_timeout": timedelta(seconds=5),
+}
+
+
 def fast_policy(**overrides: Any) -> TimingPolicy:
     """OSAC's shape with every duration in (sub)seconds so a lifecycle runs in seconds."""
     base: dict[str, Any] = dict(

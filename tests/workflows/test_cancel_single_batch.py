@@ -6,7 +6,6 @@ worker's own life (`WorkerNodeWorkflow._wait`) takes that as the scale-down the 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from temporalio.worker._workflow_instance import _WorkflowLogicFlag
 
 from contracts.worker import WorkerPhase
 from contracts.workflows import worker_workflow_id
-from tests.workflows.stack import Stack, eventually, running_stack
+from tests.workflows.stack import QUICK_RESTARTS, Stack, eventually, running_stack
 
 SINGLE_BATCH = _WorkflowLogicFlag.PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH
 
@@ -41,12 +40,7 @@ async def test_a_cancelled_worker_leaves_under_single_batch_activations_and_rest
     """Cancelled while Ready, the worker leaves (its host's delete held by a fault meanwhile), then
     an operator terminates it as it leaves: it was never told to leave, yet the order's next look
     starts it again to finish the release, and the order replaces it."""
-    # A restarted worker waits out the stopped run's calls (their timeouts) before it looks.
-    api = stack.with_policy(
-        ready_host_check=timedelta(seconds=1),
-        call_timeout=timedelta(seconds=5),
-        wait_heartbeat_timeout=timedelta(seconds=5),
-    )
+    api = stack.with_policy(**QUICK_RESTARTS)
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1}, api)
     before = (await stack.wait_ready(order, 1)).workers[0].resource_id

@@ -28,13 +28,14 @@ from tests.workflows.stack import (
     CLUSTER_ORDERS,
     INSTANCE_TYPES,
     PULL_SECRET,
+    QUICK_RESTARTS,
     SSH_KEY,
     Stack,
     eventually,
     running_stack,
     scheduled_activities,
 )
-from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
 from workflows.worker_node import WorkerNodeWorkflow
 
 
@@ -623,12 +624,7 @@ async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) ->
     other is started again to unbind its Agent and give back its host, wiped. One terminated while
     it leaves (its host's delete held) is started again at the next look to finish its release.
     Nothing is left behind."""
-    # A restarted worker waits out the stopped run's calls (their timeouts) before it looks.
-    api = stack.with_policy(
-        ready_host_check=timedelta(seconds=1),
-        call_timeout=timedelta(seconds=5),
-        wait_heartbeat_timeout=timedelta(seconds=5),
-    )
+    api = stack.with_policy(**QUICK_RESTARTS)
     order = await stack.create_order({"bm-standard": 3})
     await stack.apply(order, {"bm-standard": 3}, api)
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 3)).workers}
@@ -686,6 +682,11 @@ async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) ->
     )
     for history in await stack.histories(order):
         await replayer.replay_workflow(history)
+
+
+def test_a_quiet_leaver_is_told_again_less_and_less_often() -> None:
+    """A wipe stuck for days is not signalled at every look; a run stopped meanwhile still restarts."""
+    assert [looks for looks in range(1, 40) if _tell_again_at(looks)] == [1, 2, 4, 8, 12, 24, 36]
 
 
 async def test_a_host_check_that_returns_after_a_scale_down_does_not_tell_the_departing_worker(
