@@ -307,18 +307,18 @@ class InventoryGuard:
     had settled (bench/README.md, round 27); an inventory normally follows its Agent within seconds."""
 
     def __init__(self, newcomer_grace: float = NEWCOMER_GRACE_S) -> None:
-        self.awaited: frozenset[str] | None = None
+        self._awaited: frozenset[str] | None = None
         self._newcomer_grace = newcomer_grace
         self._first_seen = 0.0
 
     def holds(self, candidates: list[KubeObject], *, fresh: bool) -> bool:
         young = {str(meta(a).get("name")) for a in candidates if not agent_macs(a) and awaiting_inventory(a)}
-        if self.awaited is None:
+        if self._awaited is None:
             if not fresh:
                 return False  # a cache may lag the hub: the fresh list this calls for decides
-            self.awaited = frozenset(young)
+            self._awaited = frozenset(young)
             self._first_seen = time.monotonic()
-        if young & self.awaited:
+        if young & self._awaited:
             return True
         return bool(young) and time.monotonic() - self._first_seen < self._newcomer_grace
 

@@ -155,9 +155,9 @@ class ClusterPatch(StrEnum):
     # While no boot image is known for the release, each look again reads the order first: the
     # tenant may have corrected spec.releaseImage (a typo no cluster version offers).
     RELEASE_READ_AGAIN_WITHOUT_IMAGE = "release-read-again-without-image"
-    # Every `ready_host_check`, a worker told to leave that reported nothing since the last look is
-    # told again: one whose run was stopped from outside while it left is started again to finish
-    # its release, instead of its host and a decommission waiting for ever.
+    # A leaving worker (told to, or cancelled) that reports nothing for a `ready_host_check` is told
+    # again (`_tell_again_at`): one whose run was stopped from outside while it left is started again
+    # to finish its release, instead of its host and a decommission waiting for ever.
     STOPPED_LEAVERS_RESTARTED = "stopped-leavers-restarted"
 
 

@@ -209,11 +209,25 @@ class Api:
         approved: bool = False,
     ) -> dict[str, Any]:
         """An Agent as assisted-service registers it (then its status, through the subresource)."""
+        self.agent_registered(name, infraenv=infraenv, labels=labels, approved=approved)
+        return self.agent_inventory(name, macs, state=state)
+
+    def agent_registered(
+        self,
+        name: str,
+        *,
+        infraenv: str = "order-1-infraenv",
+        labels: dict[str, str] | None = None,
+        approved: bool = False,
+    ) -> None:
+        """An Agent just created, before assisted-service wrote the host's inventory."""
         all_labels = {"infraenvs.agent-install.openshift.io": infraenv, **(labels or {})}
         self.create(
             "Agent",
             {"metadata": {"name": name, "labels": all_labels}, "spec": {"approved": approved, "role": ""}},
         )
+
+    def agent_inventory(self, name: str, macs: list[str], *, state: str = "known-unbound") -> dict[str, Any]:
         interfaces = [
             {"name": f"eth{i}", "macAddress": mac, "flags": ["up"], "ipV4Addresses": [], "ipV6Addresses": []}
             for i, mac in enumerate(macs)

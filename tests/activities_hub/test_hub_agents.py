@@ -766,26 +766,11 @@ async def test_hand_off_refuses_an_agent_whose_mac_appeared_twice(api, api_assis
     assert api.get("Agent", "host-a")["spec"]["approved"] is False
 
 
-def _registered_without_inventory(api, name: str) -> None:
-    """An Agent assisted-service created moments ago, before it wrote the host's inventory."""
-    labels = {"infraenvs.agent-install.openshift.io": "order-1-infraenv"}
-    api.create(
-        "Agent", {"metadata": {"name": name, "labels": labels}, "spec": {"approved": False, "role": ""}}
-    )
-
-
-def _inventory(api, name: str, macs: list[str]) -> None:
-    interfaces = [
-        {"macAddress": mac.upper(), "flags": [], "ipV4Addresses": [], "ipV6Addresses": []} for mac in macs
-    ]
-    api.patch("Agent", name, {"status": {"inventory": {"interfaces": interfaces}}}, status=True)
-
-
 async def _match_held_by_a_late_agent(api, acts, kit) -> tuple[list[str], Any, asyncio.Task[Any]]:
     """A wait whose one match is held back by Agent "late", registered without its inventory yet."""
     macs = kit.random_macs(2)
     api.agent("host-a", macs)
-    _registered_without_inventory(api, "late")
+    api.agent_registered("late")
     run = kit.run()
     task = run.start(acts.wait_agent_for_macs, wait_input(api, macs))
     await run.first_heartbeat()
@@ -798,7 +783,7 @@ async def _match_held_by_a_late_agent(api, acts, kit) -> tuple[list[str], Any, a
 async def test_an_agent_without_its_inventory_yet_defers_the_match(api, api_assisted, kit):
     """One match, plus an Agent registered moments ago whose MACs are not known yet: wait for them."""
     macs, _, task = await _match_held_by_a_late_agent(api, api_assisted, kit)
-    _inventory(api, "late", macs[:1])
+    api.agent_inventory("late", [mac.upper() for mac in macs[:1]])
     with pytest.raises(ApplicationError) as ambiguous:
         await asyncio.wait_for(task, 30)
     assert ambiguous.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH
@@ -820,14 +805,14 @@ async def test_an_agent_registered_after_the_match_was_seen_holds_it_only_for_a_
     always between its registration and its inventory, and each match waited for the whole burst."""
     acts = AssistedActivities(api_kube, http, heartbeat_every=0.2, newcomer_grace=grace)
     _, run, task = await _match_held_by_a_late_agent(api, acts, kit)
-    _registered_without_inventory(api, "later")
-    _inventory(api, "late", kit.random_macs(1))  # another host's
+    api.agent_registered("later")
+    api.agent_inventory("late", kit.random_macs(1))  # another host's
     if held:
         for _ in range(3):  # several looks later, still undecided
             run.beat.clear()
             await asyncio.wait_for(run.beat.wait(), 30)
         assert not task.done()
-        _inventory(api, "later", kit.random_macs(1))
+        api.agent_inventory("later", kit.random_macs(1))
     match = await asyncio.wait_for(task, 30)
     assert match.name == "host-a"
 
