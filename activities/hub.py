@@ -124,6 +124,7 @@ def still_conflicting(kind: str, namespace: str, name: str, what: str, conflicts
 
 
 EVENT_WRITE_ATTEMPTS = 5
+EVENT_WRITES_AT_ONCE = 8
 
 _REPORTING_INSTANCE = f"{socket.gethostname()}-{os.getpid()}"[:128]
 
@@ -617,10 +618,17 @@ class HubActivities:
         result, obj = await self._write_status(input)
         if obj is not None and input.events:
             involved = order_involved_object(obj)
-            for event in input.events:
-                name = await self._write_event_best_effort(involved, event)
-                result.events_written += name is not None
-                result.events_dropped += name is None
+            # A few at once: a decommission's burst of WorkerDeleted Events written one after the
+            # other held the order's next status write (the tenant's view) for seconds.
+            slots = asyncio.Semaphore(EVENT_WRITES_AT_ONCE)
+
+            async def write(event: EventInput) -> str | None:
+                async with slots:
+                    return await self._write_event_best_effort(involved, event)
+
+            names = await asyncio.gather(*(write(event) for event in input.events))
+            result.events_written = sum(name is not None for name in names)
+            result.events_dropped = len(names) - result.events_written
         return result
 
     async def _write_event_best_effort(self, involved: dict[str, Any], event: EventInput) -> str | None:

@@ -49,6 +49,8 @@ class Samples:
     unmatched_examples: dict[str, list[tuple[str, float, float | None]]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # Per change, (slot, change time, reaction): the slowest tell whether a tail is one order's.
+    matched: dict[str, list[tuple[str, float, float]]] = field(default_factory=lambda: defaultdict(list))
 
     def summary(self) -> dict[str, dict[str, float | None]]:
         result: dict[str, dict[str, float | None]] = {}
@@ -68,6 +70,7 @@ class Samples:
                 "samples": len(reaction),
                 "unmatched": self.unmatched.get(event, 0),
                 "unmatched_examples": self.unmatched_examples.get(event, [])[:3],
+                "slowest": sorted(self.matched.get(event, []), key=lambda m: -m[2])[:8],
                 "max": round(max(reaction), 4) if reaction else None,
                 "noticed_p50": round(percentile(noticed, 50), 4) if noticed else None,
                 "noticed_p99": round(percentile(noticed, 99), 4) if noticed else None,
@@ -133,6 +136,7 @@ def measure(
             samples.unmatched_examples[event].append((slot_name or "", changed, next_call))
             return
         samples.reaction[event].append(next_call - changed)
+        samples.matched[event].append((slot_name or "", round(changed, 3), round(next_call - changed, 4)))
         returned = slot.waiter_returned(changed)
         if returned is not None:
             samples.noticed[event].append(returned - changed)

@@ -10,10 +10,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 from temporalio.exceptions import ApplicationError
 
-from activities.hub import cluster_release
-from activities.kube import CLUSTER_ORDERS
+from activities.hub import EVENT_WRITES_AT_ONCE, HubActivities, cluster_release
+from activities.kube import CLUSTER_ORDERS, HubKube
 from contracts.hub import (
     ClusterReleaseInput,
     Condition,
@@ -28,6 +32,8 @@ from contracts.hub import (
 )
 from contracts.refs import ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
+from lab.http_server import ThreadedServer
+from lab.hub.kubeconfig import write_kubeconfig
 
 REFERENCE = {
     "namespace": "hosted-ns",
@@ -388,6 +394,79 @@ async def test_failing_event_writes_never_hold_the_status_back(api, api_hub_acts
     assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 0
     assert api.requests_by(kit.worker_user, "create", "events") - creates == 3  # one try each
     api.patch("ClusterOrder", "order-1", {"metadata": {"finalizers": None}})
+
+
+class _SlowEventHub:
+    """A hub that serves one ClusterOrder and holds every Event create a moment, counting the
+    creates it holds at once."""
+
+    def __init__(self, namespace: str, hold: float) -> None:
+        self.hold, self.now, self.most, self.created = hold, 0, 0, 0
+        self.order = {
+            "apiVersion": "osac.openshift.io/v1alpha1",
+            "kind": "ClusterOrder",
+            "metadata": {"name": "order-1", "namespace": namespace, "uid": "u-1", "resourceVersion": "1"},
+            "status": {},
+        }
+        self._lock = threading.Lock()
+
+    def app(self) -> Starlette:
+        base = "/apis/osac.openshift.io/v1alpha1/namespaces/{ns}/clusterorders/{name}"
+        return Starlette(
+            routes=[
+                Route(base, self.get_order, methods=["GET"]),
+                Route(f"{base}/status", self.get_order, methods=["PATCH"]),
+                Route("/api/v1/namespaces/{ns}/events", self.create_event, methods=["POST"]),
+            ]
+        )
+
+    async def get_order(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.order)
+
+    async def create_event(self, request: Request) -> JSONResponse:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(self.hold)
+        finally:
+            with self._lock:
+                self.now -= 1
+                self.created += 1
+        return JSONResponse(await request.json(), status_code=201)
+
+
+async def test_a_burst_of_events_is_written_a_few_at_once(kit, tmp_path):
+    """A decommission reports many workers gone in one status write: their Events go out a few at
+    once, not one after the other (which held the order's next status write for seconds)."""
+    hub = _SlowEventHub("ns-1", hold=0.3)
+    events = [
+        EventInput(
+            order=OrderRef(namespace="ns-1", name="order-1"),
+            reason=EventReason.WORKER_DELETED,
+            message=f"Worker {i} released.",
+            key=f"k{i}",
+        )
+        for i in range(3 * EVENT_WRITES_AT_ONCE)
+    ]
+    with ThreadedServer(hub.app()) as server:
+        kube = HubKube.from_kubeconfig(str(write_kubeconfig(tmp_path / "kubeconfig", server.url, "t")))
+        try:
+            result = await kit.run()(
+                HubActivities(kube).publish_order_status,
+                PublishStatusInput(
+                    order=OrderRef(namespace="ns-1", name="order-1"),
+                    workers=[],
+                    desired=0,
+                    current=0,
+                    ready=0,
+                    events=events,
+                ),
+            )
+        finally:
+            await kube.close()
+    assert (result.events_written, result.events_dropped, hub.created) == (len(events), 0, len(events))
+    assert 1 < hub.most <= EVENT_WRITES_AT_ONCE
 
 
 async def test_the_cached_order_holds_no_pull_secret_even_in_kubectls_annotation(api, api_kube, kit):
