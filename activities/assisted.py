@@ -42,7 +42,6 @@ from activities.hub import (
     removal_pending,
     still_conflicting,
     sync_replicas,
-    write_order_event,
 )
 from activities.inflight import InFlight
 from activities.kube import (
@@ -66,6 +65,7 @@ from activities.kube import (
     meta,
     refusals_retried,
 )
+from activities.order_events import write_order_event
 from activities.reporting import delivers_reports
 from contracts.activities import HubActivity
 from contracts.hub import (

@@ -9,12 +9,7 @@ the activity, and Events can be keyed so retries do not duplicate them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
-import random
 import re
-import socket
-import time
 import weakref
 from collections import Counter
 from typing import Any
@@ -26,30 +21,27 @@ from activities.heartbeats import Heartbeat, tick_seconds
 from activities.kube import (
     AGENTS,
     CLUSTER_ORDERS,
-    EVENTS,
     MACHINES,
     NODE_POOLS,
-    HubAlreadyExists,
-    HubApiError,
     HubConflict,
     HubKube,
     HubNotFound,
-    HubUnavailable,
     KubeObject,
     WaitTimedOut,
     condition_true,
+    conflict_backoff,
     dig,
     labels_of,
     meta,
     now_rfc3339,
     refusals_retried,
 )
+from activities.order_events import OrderEventRecorder
 from contracts.activities import HubActivity
 from contracts.hub import (
     AGENT_MACHINE_NAMESPACE_ANNOTATION,
     AGENT_MACHINE_REF_LABEL,
     DELETE_MACHINE_ANNOTATION,
-    EVENT_COMPONENT,
     MANAGEMENT_STATE_ANNOTATION,
     REMOVING_LABEL,
     AgentRef,
@@ -57,9 +49,6 @@ from contracts.hub import (
     ClusterRelease,
     ClusterReleaseInput,
     Condition,
-    EventInput,
-    EventReason,
-    EventType,
     HubErrorType,
     MachineAnnotation,
     ManagementState,
@@ -105,11 +94,6 @@ async def read_order_object(kube: HubKube, order: OrderRef) -> KubeObject:
         raise order_not_found(order) from None
 
 
-def conflict_backoff(attempt: int) -> float:
-    """Jittered, growing to 1 s: a busy object still leaves a window between other writers."""
-    return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
-
-
 def still_conflicting(kind: str, namespace: str, name: str, what: str, conflicts: int) -> HubConflict:
     """The retryable error once a compare-and-swap loop has lost `conflicts` races in a row."""
     return HubConflict(
@@ -121,53 +105,6 @@ def still_conflicting(kind: str, namespace: str, name: str, what: str, conflicts
         namespace=namespace,
         name=name,
     )
-
-
-EVENT_WRITE_ATTEMPTS = 5
-EVENT_WRITES_AT_ONCE = 8
-
-_REPORTING_INSTANCE = f"{socket.gethostname()}-{os.getpid()}"[:128]
-
-
-async def write_order_event(
-    kube: HubKube,
-    involved: dict[str, Any],
-    reason: EventReason,
-    message: str,
-    type_: EventType = EventType.NORMAL,
-    key: str | None = None,
-) -> str | None:
-    """Write a core/v1 Event about a ClusterOrder. With a key, retries write one Event.
-
-    `involved` is the involvedObject (apiVersion, kind, name, namespace, uid). Returns the Event's
-    name, or None if the namespace is gone."""
-    namespace = involved["namespace"]
-    if key:
-        suffix = hashlib.sha256(f"{reason.value}/{key}".encode()).hexdigest()[:16]
-    else:  # kube-style: the involved object's name and a timestamp (plus noise against collisions)
-        suffix = f"{time.time_ns():x}{random.getrandbits(16):04x}"
-    name = f"{involved['name']}.{suffix}"
-    now = now_rfc3339()
-    body = {
-        "metadata": {"name": name, "namespace": namespace},
-        "involvedObject": {k: v for k, v in involved.items() if v},
-        "reason": reason.value,
-        "message": message,
-        "type": type_.value,
-        "count": 1,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "source": {"component": EVENT_COMPONENT},
-        "reportingComponent": EVENT_COMPONENT,
-        "reportingInstance": _REPORTING_INSTANCE,
-    }
-    try:
-        await kube.create(EVENTS, namespace, body)
-    except HubAlreadyExists:
-        pass  # keyed: this Event was written by an earlier attempt
-    except HubNotFound:
-        return None
-    return name
 
 
 def order_involved_object(obj: KubeObject) -> dict[str, Any]:
@@ -529,6 +466,7 @@ class HubActivities:
     def __init__(self, kube: HubKube, *, heartbeat_every: float = DEFAULT_HEARTBEAT_EVERY) -> None:
         self._kube = kube
         self._heartbeat_every = heartbeat_every
+        self.events = OrderEventRecorder(kube)
 
     def all(self) -> list[Any]:
         """Every activity of this class, bound, for `Worker(activities=...)`."""
@@ -611,52 +549,16 @@ class HubActivities:
     @activity.defn(name=HubActivity.PUBLISH_ORDER_STATUS.value)
     async def publish_order_status(self, input: PublishStatusInput) -> PublishStatusResult:
         """Write workers[], the aggregates and our conditions; leave every other status field alone;
-        then the Events that came with it (one activity per coalesced change, not one per Event).
+        then queue the Events that came with it for the process's recorder, which writes them in the
+        background: a burst of Events never holds this write, or the next one, back.
 
         Compare-and-swap on resourceVersion through the status subresource; conflicts are retried
         here (a concurrent writer's fields survive because the conditions are re-merged)."""
         result, obj = await self._write_status(input)
         if obj is not None and input.events:
-            involved = order_involved_object(obj)
-            # A few at once: a decommission's burst of WorkerDeleted Events written one after the
-            # other held the order's next status write (the tenant's view) for seconds.
-            slots = asyncio.Semaphore(EVENT_WRITES_AT_ONCE)
-
-            async def write(event: EventInput) -> str | None:
-                async with slots:
-                    return await self._write_event_best_effort(involved, event)
-
-            names = await asyncio.gather(*(write(event) for event in input.events))
-            result.events_written = sum(name is not None for name in names)
-            result.events_dropped = len(names) - result.events_written
+            result.events_queued = self.events.record(order_involved_object(obj), input.events)
+            result.events_dropped = len(input.events) - result.events_queued
         return result
-
-    async def _write_event_best_effort(self, involved: dict[str, Any], event: EventInput) -> str | None:
-        """Events are observability: a few quick retries, then the Event is dropped (as Kubernetes'
-        own event recorders do) rather than failing the activity, whose retry would hold back every
-        later status write behind a hub that rejects a share of writes."""
-        for attempt in range(EVENT_WRITE_ATTEMPTS):
-            try:
-                return await write_order_event(
-                    self._kube, involved, event.reason, event.message, event.type, event.key
-                )
-            except (HubUnavailable, HubConflict):
-                if attempt + 1 < EVENT_WRITE_ATTEMPTS:
-                    await asyncio.sleep(conflict_backoff(attempt))
-            except HubApiError as err:
-                # Refused for good (a namespace being deleted forbids new objects; a quota, a
-                # webhook): retrying would hold the status, and a decommission's end, behind it.
-                activity.logger.warning(
-                    "dropped Event %s on ClusterOrder %s: %s", event.reason.value, event.order.key, err.type
-                )
-                return None
-        activity.logger.warning(
-            "dropped Event %s on ClusterOrder %s after %d attempts",
-            event.reason.value,
-            event.order.key,
-            EVENT_WRITE_ATTEMPTS,
-        )
-        return None
 
     async def _write_status(self, input: PublishStatusInput) -> tuple[PublishStatusResult, KubeObject | None]:
         """The result, and the ClusterOrder as last read (None when it is gone)."""

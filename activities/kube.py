@@ -212,6 +212,11 @@ class HubConflict(HubApiError):
     """409 Conflict: a stale resourceVersion. Retry after re-reading."""
 
 
+def conflict_backoff(attempt: int) -> float:
+    """Jittered, growing to 1 s: a busy object still leaves a window between other writers."""
+    return min(1.0, 0.02 * 2**attempt) * (0.5 + random.random())
+
+
 class HubAlreadyExists(HubApiError):
     pass
 

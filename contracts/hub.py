@@ -392,8 +392,9 @@ class PublishStatusResult(BaseModel):
     changed: bool = False
     # How many optimistic-concurrency conflicts were retried inside the activity.
     conflicts_retried: int = 0
-    events_written: int = 0
-    # Events given up after a few attempts: best effort, they never hold a status write back.
+    # Events handed to the worker process's recorder, which writes them in the background.
+    events_queued: int = 0
+    # Events not queued: the recorder's queue was full (best effort, as Kubernetes' own recorders).
     events_dropped: int = 0
 
 

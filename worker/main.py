@@ -73,6 +73,7 @@ class Backends:
         return found
 
     async def close(self) -> None:
+        await self.hub.events.close()  # the Events still queued, before the hub client goes
         await self.assisted.aclose()
         await self.bmi_watcher.stop()
         await self.bmaas_client.aclose()

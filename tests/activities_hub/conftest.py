@@ -363,8 +363,10 @@ def lab_assisted(lab_kube: HubKube, http: httpx.AsyncClient) -> AssistedActiviti
 
 
 @pytest.fixture
-def lab_hub_acts(lab_kube: HubKube) -> HubActivities:
-    return HubActivities(lab_kube, heartbeat_every=0.2)
+async def lab_hub_acts(lab_kube: HubKube) -> AsyncIterator[HubActivities]:
+    acts = HubActivities(lab_kube, heartbeat_every=0.2)
+    yield acts
+    await acts.events.close()
 
 
 @pytest.fixture
@@ -373,8 +375,10 @@ def api_assisted(api_kube: HubKube, http: httpx.AsyncClient) -> AssistedActiviti
 
 
 @pytest.fixture
-def api_hub_acts(api_kube: HubKube) -> HubActivities:
-    return HubActivities(api_kube, heartbeat_every=0.2)
+async def api_hub_acts(api_kube: HubKube) -> AsyncIterator[HubActivities]:
+    acts = HubActivities(api_kube, heartbeat_every=0.2)
+    yield acts
+    await acts.events.close()
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.exceptions import ApplicationError
 
-from activities.hub import EVENT_WRITES_AT_ONCE, HubActivities, cluster_release
+from activities.hub import HubActivities, cluster_release
 from activities.kube import CLUSTER_ORDERS, HubKube
+from activities.order_events import EVENT_WRITES_AT_ONCE
 from contracts.hub import (
     ClusterReleaseInput,
     Condition,
@@ -34,6 +35,7 @@ from contracts.refs import ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from lab.http_server import ThreadedServer
 from lab.hub.kubeconfig import write_kubeconfig
+from tests.held_requests import HeldRequests
 
 REFERENCE = {
     "namespace": "hosted-ns",
@@ -334,7 +336,9 @@ async def test_events_are_written_with_the_status_once_per_key(api, api_hub_acts
     # A retry of the same activity (same keys) adds no Event; an unkeyed Event is written again.
     second = await kit.run()(api_hub_acts.publish_order_status, with_events)
     assert first.changed and not second.changed
-    assert first.events_written == second.events_written == 2
+    assert first.events_queued == second.events_queued == 2
+    assert await api_hub_acts.events.drain(30)
+    assert (api_hub_acts.events.written, api_hub_acts.events.dropped) == (4, 0)
     events = api.items("Event")
     assert sorted(e["reason"] for e in events) == ["WorkerFailed", "WorkerFailed", "WorkerReady"]
     ready = next(e for e in events if e["reason"] == "WorkerReady")
@@ -349,33 +353,35 @@ async def test_events_are_written_with_the_status_once_per_key(api, api_hub_acts
     assert ready["source"]["component"] == "osac-baremetal-workers"
     absent = with_events.model_copy(update={"order": ref(api, "absent")})
     gone = await kit.run()(api_hub_acts.publish_order_status, absent)
-    assert not gone.order_found and gone.events_written == 0
+    assert not gone.order_found and gone.events_queued == 0
 
 
 async def test_failing_event_writes_never_hold_the_status_back(api, api_hub_acts, kit):
     """A hub rejecting Event writes: a few retries each, then the Event is dropped; the status is
     written and the activity succeeds (its retry would hold back every later status write)."""
     api.order()
+    recorder = api_hub_acts.events
     events = [
         EventInput(order=ref(api), reason=EventReason.WORKER_READY, message=f"Worker {i} ready.", key=f"k{i}")
         for i in range(3)
     ]
-    # Four failed writes in a row: retried inside the activity, every Event written.
+
+    async def publish(**changes: Any) -> tuple[bool, int, int, int]:
+        """The write's (changed, queued), and the Events written and dropped once it is drained."""
+        written, dropped = recorder.written, recorder.dropped
+        result = await kit.run()(api_hub_acts.publish_order_status, publish_input(api, **changes))
+        assert await recorder.drain(30)
+        return result.changed, result.events_queued, recorder.written - written, recorder.dropped - dropped
+
+    # Four failed writes in a row: retried by the recorder, every Event written.
     api.set_faults({"errors": [{"code": 500, "verbs": ["create"], "resources": ["events"], "limit": 4}]})
-    flaky = await kit.run()(
-        api_hub_acts.publish_order_status, publish_input(api).model_copy(update={"events": events})
-    )
-    assert (flaky.changed, flaky.events_written, flaky.events_dropped) == (True, 3, 0)
+    assert await publish(events=events) == (True, 3, 3, 0)
     # Every Event write fails: dropped, and the status still goes out.
     api.set_faults({"errors": [{"code": 500, "verbs": ["create"], "resources": ["events"]}]})
     try:
-        lost = await kit.run()(
-            api_hub_acts.publish_order_status,
-            publish_input(api, ready=2).model_copy(update={"events": events[:1]}),
-        )
+        assert await publish(ready=2, events=events[:1]) == (True, 1, 0, 1)
     finally:
         api.set_faults({})
-    assert (lost.changed, lost.events_written, lost.events_dropped) == (True, 0, 1)
     assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 2
     # Refused for good: the namespace is being deleted (our finalizer holds the order, so it stays
     # Terminating), and the hub forbids new objects in it with a 403. Each Event is dropped at its
@@ -386,11 +392,7 @@ async def test_failing_event_writes_never_hold_the_status_back(api, api_hub_acts
     )
     api.http.delete(f"/api/v1/namespaces/{api.ns}").raise_for_status()
     creates = api.requests_by(kit.worker_user, "create", "events")
-    refused = await kit.run()(
-        api_hub_acts.publish_order_status,
-        publish_input(api, ready=0).model_copy(update={"events": events}),
-    )
-    assert (refused.changed, refused.events_written, refused.events_dropped) == (True, 0, 3)
+    assert await publish(ready=0, events=events) == (True, 3, 0, 3)
     assert api.get("ClusterOrder", "order-1")["status"]["readyWorkers"] == 0
     assert api.requests_by(kit.worker_user, "create", "events") - creates == 3  # one try each
     api.patch("ClusterOrder", "order-1", {"metadata": {"finalizers": None}})
@@ -401,14 +403,13 @@ class _SlowEventHub:
     creates it holds at once."""
 
     def __init__(self, namespace: str, hold: float) -> None:
-        self.hold, self.now, self.most, self.created = hold, 0, 0, 0
+        self.held = HeldRequests(hold)
         self.order = {
             "apiVersion": "osac.openshift.io/v1alpha1",
             "kind": "ClusterOrder",
             "metadata": {"name": "order-1", "namespace": namespace, "uid": "u-1", "resourceVersion": "1"},
             "status": {},
         }
-        self._lock = threading.Lock()
 
     def app(self) -> Starlette:
         base = "/apis/osac.openshift.io/v1alpha1/namespaces/{ns}/clusterorders/{name}"
@@ -424,49 +425,37 @@ class _SlowEventHub:
         return JSONResponse(self.order)
 
     async def create_event(self, request: Request) -> JSONResponse:
-        with self._lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-        try:
-            await asyncio.sleep(self.hold)
-        finally:
-            with self._lock:
-                self.now -= 1
-                self.created += 1
+        await self.held.wait()
         return JSONResponse(await request.json(), status_code=201)
 
 
-async def test_a_burst_of_events_is_written_a_few_at_once(kit, tmp_path):
-    """A decommission reports many workers gone in one status write: their Events go out a few at
-    once, not one after the other (which held the order's next status write for seconds)."""
+async def test_a_burst_of_events_never_holds_the_status_write(kit, tmp_path):
+    """A decommission reports many workers gone in one status write: the write queues their Events
+    and returns; the recorder writes them a few at once in the background (written inside the
+    write, one after the other, they held the order's next status write for seconds)."""
     hub = _SlowEventHub("ns-1", hold=0.3)
+    order = OrderRef(namespace="ns-1", name="order-1")
     events = [
-        EventInput(
-            order=OrderRef(namespace="ns-1", name="order-1"),
-            reason=EventReason.WORKER_DELETED,
-            message=f"Worker {i} released.",
-            key=f"k{i}",
-        )
-        for i in range(3 * EVENT_WRITES_AT_ONCE)
+        EventInput(order=order, reason=EventReason.WORKER_DELETED, message=f"Worker {i} gone.", key=f"k{i}")
+        for i in range(4 * EVENT_WRITES_AT_ONCE)
     ]
     with ThreadedServer(hub.app()) as server:
         kube = HubKube.from_kubeconfig(str(write_kubeconfig(tmp_path / "kubeconfig", server.url, "t")))
+        acts = HubActivities(kube)
         try:
             result = await kit.run()(
-                HubActivities(kube).publish_order_status,
-                PublishStatusInput(
-                    order=OrderRef(namespace="ns-1", name="order-1"),
-                    workers=[],
-                    desired=0,
-                    current=0,
-                    ready=0,
-                    events=events,
-                ),
+                acts.publish_order_status,
+                PublishStatusInput(order=order, workers=[], desired=0, current=0, ready=0, events=events),
             )
+            # Writing them all takes at least 4 x 0.3 s: the write did not wait for them.
+            assert (result.events_queued, result.events_dropped) == (len(events), 0)
+            assert hub.held.answered < len(events)
+            assert await acts.events.drain(60)
         finally:
+            await acts.events.close()
             await kube.close()
-    assert (result.events_written, result.events_dropped, hub.created) == (len(events), 0, len(events))
-    assert 1 < hub.most <= EVENT_WRITES_AT_ONCE
+    assert (acts.events.written, acts.events.dropped, hub.held.answered) == (len(events), 0, len(events))
+    assert 1 < hub.held.most <= EVENT_WRITES_AT_ONCE
 
 
 async def test_the_cached_order_holds_no_pull_secret_even_in_kubectls_annotation(api, api_kube, kit):

@@ -5,7 +5,6 @@ request that cannot get a slot in time fails as the pool would have."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -18,26 +17,14 @@ from starlette.routing import Route
 from lab.http_server import ThreadedServer
 from lab.hub_controllers.kube import MAX_REQUESTS_IN_FLIGHT, KubeApi
 from lab.hub_controllers.resources import SECRETS
+from tests.held_requests import HeldRequests
 
 
-class _Counting:
+class _Counting(HeldRequests):
     """Answers every GET after `hold` seconds, counting the requests it holds at once."""
 
-    def __init__(self, hold: float) -> None:
-        self.hold = hold
-        self.now = self.most = self.answered = 0
-        self._lock = threading.Lock()
-
     async def secret(self, request: Request) -> JSONResponse:
-        with self._lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-        try:
-            await asyncio.sleep(self.hold)
-        finally:
-            with self._lock:
-                self.now -= 1
-                self.answered += 1
+        await self.wait()
         name = request.path_params["name"]
         return JSONResponse({"kind": "Secret", "apiVersion": "v1", "metadata": {"name": name}})
 
