@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import os
@@ -43,6 +44,8 @@ EVENT_WRITES_AT_ONCE = 4
 EVENT_QUEUE_CAPACITY = 10_000
 
 _REPORTING_INSTANCE = f"{socket.gethostname()}-{os.getpid()}"[:128]
+# An Event about the object `involved`, and when its status write queued it.
+_Queued = tuple[dict[str, Any], EventInput, str]
 
 
 async def write_order_event(
@@ -52,18 +55,19 @@ async def write_order_event(
     message: str,
     type_: EventType = EventType.NORMAL,
     key: str | None = None,
+    at: str | None = None,
 ) -> str | None:
     """Write a core/v1 Event about a ClusterOrder. With a key, retries write one Event.
 
     `involved` is the involvedObject (apiVersion, kind, name, namespace, uid). Returns the Event's
-    name, or None if the namespace is gone."""
+    name, or None if the namespace is gone. `at`: when it happened (RFC 3339), if not now."""
     namespace = involved["namespace"]
     if key:
         suffix = hashlib.sha256(f"{reason.value}/{key}".encode()).hexdigest()[:16]
     else:  # kube-style: the involved object's name and a timestamp (plus noise against collisions)
         suffix = f"{time.time_ns():x}{random.getrandbits(16):04x}"
     name = f"{involved['name']}.{suffix}"
-    now = now_rfc3339()
+    now = at or now_rfc3339()
     body = {
         "metadata": {"name": name, "namespace": namespace},
         "involvedObject": {k: v for k, v in involved.items() if v},
@@ -96,7 +100,7 @@ class OrderEventRecorder:
         self._kube = kube
         self._at_once = at_once
         self._capacity = capacity
-        self._queue: asyncio.Queue[tuple[dict[str, Any], EventInput]] | None = None
+        self._queue: asyncio.Queue[_Queued] | None = None
         self._writers: list[asyncio.Task[None]] = []
         self.written = 0
         self.dropped = 0  # refused, or the queue was full
@@ -105,9 +109,10 @@ class OrderEventRecorder:
         """Queue `events` about the object `involved`; how many were queued (the rest dropped)."""
         queue = self._started()
         queued = 0
+        at = now_rfc3339()  # when the status write queued them, not when a writer gets to them
         for event in events:
             try:
-                queue.put_nowait((involved, event))
+                queue.put_nowait((involved, event, at))
                 queued += 1
             except asyncio.QueueFull:
                 self.dropped += 1
@@ -141,20 +146,23 @@ class OrderEventRecorder:
                 await writer
         self._writers, self._queue = [], None
 
-    def _started(self) -> asyncio.Queue[tuple[dict[str, Any], EventInput]]:
+    def _started(self) -> asyncio.Queue[_Queued]:
         if self._queue is None:
             self._queue = asyncio.Queue(maxsize=self._capacity)
             self._writers = [
-                asyncio.create_task(self._write_queued(self._queue), name=f"order events {i}")
+                # A context of their own: not the trace span and activity of the write that came first.
+                asyncio.create_task(
+                    self._write_queued(self._queue), name=f"order events {i}", context=contextvars.Context()
+                )
                 for i in range(self._at_once)
             ]
         return self._queue
 
-    async def _write_queued(self, queue: asyncio.Queue[tuple[dict[str, Any], EventInput]]) -> None:
+    async def _write_queued(self, queue: asyncio.Queue[_Queued]) -> None:
         while True:
-            involved, event = await queue.get()
+            involved, event, at = await queue.get()
             try:
-                if await self._write(involved, event) is None:
+                if await self._write(involved, event, at) is None:
                     self.dropped += 1
                 else:
                     self.written += 1
@@ -166,12 +174,12 @@ class OrderEventRecorder:
             finally:
                 queue.task_done()
 
-    async def _write(self, involved: dict[str, Any], event: EventInput) -> str | None:
+    async def _write(self, involved: dict[str, Any], event: EventInput, at: str) -> str | None:
         """A few quick retries, then the Event is dropped (as Kubernetes' own recorders do)."""
         for attempt in range(EVENT_WRITE_ATTEMPTS):
             try:
                 return await write_order_event(
-                    self._kube, involved, event.reason, event.message, event.type, event.key
+                    self._kube, involved, event.reason, event.message, event.type, event.key, at
                 )
             except (HubUnavailable, HubConflict):
                 if attempt + 1 < EVENT_WRITE_ATTEMPTS:

@@ -381,7 +381,8 @@ class PublishStatusInput(BaseModel):
     current: int = Field(ge=0)
     ready: int = Field(ge=0)
     conditions: list[Condition] = Field(default_factory=list)
-    # Written with the status in the same activity (keyed, so a retry writes each Event once).
+    # Queued by the status write for the worker process's Event recorder (keyed, so a retried write
+    # makes each Event once).
     events: list[EventInput] = Field(default_factory=list)
 
 

@@ -404,6 +404,7 @@ class _SlowEventHub:
 
     def __init__(self, namespace: str, hold: float) -> None:
         self.held = HeldRequests(hold)
+        self.events: list[dict[str, Any]] = []
         self.order = {
             "apiVersion": "osac.openshift.io/v1alpha1",
             "kind": "ClusterOrder",
@@ -426,7 +427,9 @@ class _SlowEventHub:
 
     async def create_event(self, request: Request) -> JSONResponse:
         await self.held.wait()
-        return JSONResponse(await request.json(), status_code=201)
+        body = await request.json()
+        self.events.append(body)
+        return JSONResponse(body, status_code=201)
 
 
 async def test_a_burst_of_events_never_holds_the_status_write(kit, tmp_path):
@@ -456,6 +459,8 @@ async def test_a_burst_of_events_never_holds_the_status_write(kit, tmp_path):
             await kube.close()
     assert (acts.events.written, acts.events.dropped, hub.held.answered) == (len(events), 0, len(events))
     assert 1 < hub.held.most <= EVENT_WRITES_AT_ONCE
+    # Stamped when the write queued them, though written over seconds.
+    assert len({e["lastTimestamp"] for e in hub.events}) == 1, hub.events[0]["lastTimestamp"]
 
 
 async def test_the_cached_order_holds_no_pull_secret_even_in_kubectls_annotation(api, api_kube, kit):

@@ -153,6 +153,13 @@ async def test_a_step_failing_as_the_scale_down_cancels_it_is_not_shown_as_a_fai
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
     ]
     assert not any(WorkerPhase.FAILED.value in upsert for upsert in upserts), upserts
-    hub_events = (await stack.hub_http.get(f"/api/v1/namespaces/{order.namespace}/events")).json()["items"]
+
+    async def with_deleted_event() -> list[dict] | None:
+        items = (await stack.hub_http.get(f"/api/v1/namespaces/{order.namespace}/events")).json()["items"]
+        return items if any(e.get("reason") == "WorkerDeleted" for e in items) else None
+
+    # Events are written in the background in the order they were queued: once the worker's
+    # WorkerDeleted is there, a WorkerFailed queued before it would be there too.
+    hub_events = await eventually(with_deleted_event, "the worker's WorkerDeleted Event")
     assert not [e for e in hub_events if e.get("reason") == "WorkerFailed"], hub_events
     await stack.decommission_and_wait(order)
