@@ -42,20 +42,22 @@ def percentile(values: list[float], p: float) -> float:
 
 @dataclass
 class Samples:
-    reaction: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     noticed: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     unmatched: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # A few unmatched changes, (slot, change time, next call or None), to tell why.
     unmatched_examples: dict[str, list[tuple[str, float, float | None]]] = field(
         default_factory=lambda: defaultdict(list)
     )
-    # Per change, (slot, change time, reaction): the slowest tell whether a tail is one order's.
+    # Per matched change, (slot, change time, reaction): the slowest tell whether a tail is one order's.
     matched: dict[str, list[tuple[str, float, float]]] = field(default_factory=lambda: defaultdict(list))
+
+    def reactions(self, event: str) -> list[float]:
+        return [reaction for _, _, reaction in self.matched.get(event, [])]
 
     def summary(self) -> dict[str, dict[str, float | None]]:
         result: dict[str, dict[str, float | None]] = {}
         for event in EVENTS:
-            values = self.reaction.get(event) or []
+            values = self.reactions(event)
             result[event] = {
                 "p50": round(percentile(values, 50), 4) if values else None,
                 "p99": round(percentile(values, 99), 4) if values else None,
@@ -65,12 +67,15 @@ class Samples:
     def details(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for event in EVENTS:
-            reaction, noticed = self.reaction.get(event) or [], self.noticed.get(event) or []
+            reaction, noticed = self.reactions(event), self.noticed.get(event) or []
             out[event] = {
                 "samples": len(reaction),
                 "unmatched": self.unmatched.get(event, 0),
                 "unmatched_examples": self.unmatched_examples.get(event, [])[:3],
-                "slowest": sorted(self.matched.get(event, []), key=lambda m: -m[2])[:8],
+                "slowest": [
+                    (slot, round(at, 3), round(took, 4))
+                    for slot, at, took in sorted(self.matched.get(event, []), key=lambda m: -m[2])[:8]
+                ],
                 "max": round(max(reaction), 4) if reaction else None,
                 "noticed_p50": round(percentile(noticed, 50), 4) if noticed else None,
                 "noticed_p99": round(percentile(noticed, 99), 4) if noticed else None,
@@ -135,8 +140,7 @@ def measure(
             samples.unmatched[event] += 1
             samples.unmatched_examples[event].append((slot_name or "", changed, next_call))
             return
-        samples.reaction[event].append(next_call - changed)
-        samples.matched[event].append((slot_name or "", round(changed, 3), round(next_call - changed, 4)))
+        samples.matched[event].append((slot_name or "", changed, next_call - changed))
         returned = slot.waiter_returned(changed)
         if returned is not None:
             samples.noticed[event].append(returned - changed)
