@@ -77,6 +77,7 @@ from contracts.hub import (
     IMAGE_CREATED_CONDITION,
     IMAGE_CREATED_TEXT,
     INFRAENV_LABEL,
+    NO_PULL_SECRET,
     ORDER_LABEL,
     PULL_SECRET_FIELD,
     PULL_SECRET_KEY,
@@ -426,29 +427,29 @@ class AssistedActivities:
         if not isinstance(pull_secret, str) or not pull_secret:
             pull_secret = await self._read_default_pull_secret()
             source = DEFAULT_PULL_SECRET
-        if not pull_secret:
-            raise error(
-                f"ClusterOrder {order.key} has no pull secret and no default is configured",
-                HubErrorType.PULL_SECRET_MISSING,
-                non_retryable=True,
-                namespace=order.namespace,
-                name=order.name,
-            )
-        problem = pull_secret_problem(pull_secret)
-        secret_data = base64.b64encode(pull_secret.encode()).decode()
-        del pull_secret
         secret_created = secret_updated = False
         refused: str | None = None
-        if problem is None:
-            secret_created, secret_updated = await self._ensure_secret(ref, obj, secret_data)
+        refused_reason = HubErrorType.PULL_SECRET_INVALID
+        problem: str | None
+        if not pull_secret:
+            refused, refused_reason = NO_PULL_SECRET, HubErrorType.PULL_SECRET_MISSING
+            source, problem = PULL_SECRET_FIELD, "not set"
         else:
-            refused = f"{source} is not a pull secret: {problem}"
-            # Never written: the hosts keep booting with the Secret they have. Without one there is
-            # nothing to keep, and no image could be built from this one.
+            problem = pull_secret_problem(pull_secret)
+            if problem is None:
+                secret_data = base64.b64encode(pull_secret.encode()).decode()
+                secret_created, secret_updated = await self._ensure_secret(ref, obj, secret_data)
+            else:
+                refused = f"{source} is not a pull secret: {problem}"
+        del pull_secret
+        if refused is not None:
+            # Never written: the hosts keep booting with the Secret they have (a pull secret the
+            # tenant removed, or one that is none). Without one there is nothing to keep, and no
+            # image could be built.
             if await self._kube.get_optional(SECRETS, ref.namespace, ref.pull_secret_name) is None:
                 raise error(  # the message is the tenant's text: the field and why, never the value
                     refused,
-                    HubErrorType.PULL_SECRET_INVALID,
+                    refused_reason,
                     non_retryable=True,
                     namespace=order.namespace,
                     name=order.name,
@@ -468,6 +469,7 @@ class AssistedActivities:
             secret_created=secret_created,
             updated=updated or secret_updated,
             pull_secret_refused=refused,
+            pull_secret_refused_reason=refused_reason,
         )
 
     async def _read_default_pull_secret(self) -> str | None:

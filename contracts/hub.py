@@ -39,6 +39,7 @@ PULL_SECRET_KEY = ".dockerconfigjson"
 # Where a pull secret came from, as the tenant reads it.
 PULL_SECRET_FIELD = "spec.pullSecret"
 DEFAULT_PULL_SECRET = "the provider's default pull secret (spec.pullSecret is not set)"
+NO_PULL_SECRET = "spec.pullSecret is not set and no default pull secret is configured"
 
 # The discovery ignition becomes the BMI's user_data (limit 64 KiB); OSAC warns well before that.
 IGNITION_WARN_BYTES = 48 * 1024
@@ -411,6 +412,9 @@ class EnsureInfraEnvResult(BaseModel):
     updated: bool = False
     # Why the order's pull secret was not written (the Secret there is kept): field and reason only.
     pull_secret_refused: str | None = None
+    # PullSecretInvalid (not a pull secret) or PullSecretMissing (none set, no default); results
+    # recorded before the second existed mean the first.
+    pull_secret_refused_reason: HubErrorType = HubErrorType.PULL_SECRET_INVALID
 
 
 class InfraEnvReady(BaseModel):

@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 
 from pydantic import BaseModel, Field
 
-from contracts.hub import AgentMatch, Condition, EventInput, OrderFacts
+from contracts.hub import AgentMatch, Condition, EventInput, HubErrorType, OrderFacts
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import (  # noqa: F401  (WorkerReport(s): the signals' payloads, re-exported)
     FailureReason,
@@ -306,8 +306,10 @@ class ClusterWorkersCarried(BaseModel):
     # worker had found the InfraEnv gone: the new run writes and acts on them.
     events: list[EventInput] = Field(default_factory=list)
     infraenv_missing: bool = False
-    # The order's pull secret was refused and the InfraEnv kept its Secret: what the order shows.
+    # The order's pull secret was refused and the InfraEnv kept its Secret: what the order shows,
+    # and its reason (PullSecretInvalid or PullSecretMissing).
     pull_secret_note: str | None = None
+    pull_secret_note_reason: HubErrorType = HubErrorType.PULL_SECRET_INVALID
 
 
 class ClusterWorkersStatus(BaseModel):

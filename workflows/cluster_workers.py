@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         SecurityGroupsApplied,
     )
     from contracts.hub import (
+        NO_PULL_SECRET,
         ClusterRelease,
         ClusterReleaseInput,
         Condition,
@@ -159,6 +160,10 @@ class ClusterPatch(StrEnum):
     # again (`_tell_again_at`): one whose run was stopped from outside while it left is started again
     # to finish its release, instead of its host and a decommission waiting for ever.
     STOPPED_LEAVERS_RESTARTED = "stopped-leavers-restarted"
+    # A pull secret removed from the order (no default either) is shown as PullSecretMissing when
+    # the InfraEnv's Secret is gone too, and the image is waited for once it is set again; before,
+    # the condition kept what it said about the last refused pull secret.
+    MISSING_PULL_SECRET_SHOWN = "missing-pull-secret-shown"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -223,6 +228,7 @@ class ClusterWorkersWorkflow:
         # While the order's pull secret is refused (the last ensure kept the Secret the image was
         # built with): what InfraEnvReady=True says instead of ImageCreated.
         self._pull_secret_note = carried.pull_secret_note
+        self._pull_secret_note_reason = carried.pull_secret_note_reason
 
     # ----------------------------------------------------------------------------------- API
 
@@ -569,8 +575,7 @@ class ClusterWorkersWorkflow:
                         OrderConditionType.INFRA_ENV_READY,
                         ConditionStatus.FALSE,
                         HubErrorType.PULL_SECRET_MISSING.value,
-                        "spec.pullSecret is not set and no default pull secret is configured;"
-                        " no workers are created until it is.",
+                        f"{NO_PULL_SECRET}; no workers are created until it is.",
                     )
                 else:
                     # Refused for good by the hub (a namespace being deleted forbids new objects, a
@@ -755,11 +760,13 @@ class ClusterWorkersWorkflow:
         except ActivityError as err:
             workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
             workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
+            gone = ", and the InfraEnv's pull Secret is gone: no new host boots until that is corrected."
             if _is_type(err, HubErrorType.PULL_SECRET_INVALID.value):
-                self._show_pull_secret_refused(
-                    err,
-                    ", and the InfraEnv's pull Secret is gone: no new host boots until that is corrected.",
-                )
+                self._show_pull_secret_refused(err, gone)
+            elif _is_type(err, HubErrorType.PULL_SECRET_MISSING.value) and workflow.patched(
+                ClusterPatch.MISSING_PULL_SECRET_SHOWN.value
+            ):
+                self._show_pull_secret_refused(err, gone, HubErrorType.PULL_SECRET_MISSING)
             return
         self._note_pull_secret(ensured)
         current = self._conditions.get(OrderConditionType.INFRA_ENV_READY)
@@ -767,8 +774,14 @@ class ClusterWorkersWorkflow:
             self._show_image_ready()
         elif (
             current is not None
-            and current.reason == HubErrorType.PULL_SECRET_INVALID.value
             and not ensured.created
+            and (
+                current.reason == HubErrorType.PULL_SECRET_INVALID.value
+                or (
+                    current.reason == HubErrorType.PULL_SECRET_MISSING.value
+                    and workflow.patched(ClusterPatch.MISSING_PULL_SECRET_SHOWN.value)
+                )
+            )
         ):
             # Its pull Secret was gone and is back (written again, or restored by hand while the
             # order's is still refused): the image is built again from it.
@@ -909,14 +922,16 @@ class ClusterWorkersWorkflow:
             if self._wait_stopped(until_edited):
                 return False
 
-    def _show_pull_secret_refused(self, err: ActivityError, consequence: str) -> None:
+    def _show_pull_secret_refused(
+        self, err: ActivityError, consequence: str, reason: HubErrorType = HubErrorType.PULL_SECRET_INVALID
+    ) -> None:
         """InfraEnvReady=False: no Secret to keep. The activity's message names the field and what is
         wrong, never the value."""
         assert isinstance(err.cause, ApplicationError)
         self._set_condition(
             OrderConditionType.INFRA_ENV_READY,
             ConditionStatus.FALSE,
-            HubErrorType.PULL_SECRET_INVALID.value,
+            reason.value,
             f"{err.cause.message}{consequence}",
         )
 
@@ -928,6 +943,7 @@ class ClusterWorkersWorkflow:
             else f"{refused}. The discovery image keeps the pull secret it was built with, and new hosts"
             " boot with it until that is corrected."
         )
+        self._pull_secret_note_reason = ensured.pull_secret_refused_reason
 
     def _show_image_ready(self) -> None:
         if self._pull_secret_note is None:
@@ -936,7 +952,7 @@ class ClusterWorkersWorkflow:
             self._set_condition(
                 OrderConditionType.INFRA_ENV_READY,
                 ConditionStatus.TRUE,
-                HubErrorType.PULL_SECRET_INVALID.value,
+                self._pull_secret_note_reason.value,
                 self._pull_secret_note,
             )
 
@@ -1350,6 +1366,7 @@ class ClusterWorkersWorkflow:
             events=(self._events_in_flight + self._events)[-CARRIED_EVENTS_MAX:],
             infraenv_missing=self._infraenv_missing,
             pull_secret_note=self._pull_secret_note,
+            pull_secret_note_reason=self._pull_secret_note_reason,
             conditions=[c for c in self._current_conditions() if c.type != OrderConditionType.WORKERS_FAILED],
         )
         workflow.continue_as_new(

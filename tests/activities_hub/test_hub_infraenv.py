@@ -176,10 +176,30 @@ async def test_a_pull_secret_that_is_none_is_never_written(api, api_assisted, ki
     assert result.pull_secret_refused == (
         'spec.pullSecret is not a pull secret: the "auth" of registry 1 of "auths" is not base64'
     )
+    assert result.pull_secret_refused_reason == HubErrorType.PULL_SECRET_INVALID
     assert (
         api.get("Secret", "order-1-pull-secret")["metadata"]["resourceVersion"]
         == (kept["metadata"]["resourceVersion"])
     )
+
+    # Removed from the order, with no default: kept as well (the SSH key still follows the order),
+    # and refused for good only once there is no Secret to keep.
+    new_key = "ssh-ed25519 AAAA n@x"
+    api.patch("ClusterOrder", "order-1", {"spec": {"pullSecret": None, "sshPublicKey": new_key}})
+    result = await kit.run()(api_assisted.ensure_infraenv, order_ref(api))
+    assert result.updated and not result.secret_created
+    assert result.pull_secret_refused == "spec.pullSecret is not set and no default pull secret is configured"
+    assert result.pull_secret_refused_reason == HubErrorType.PULL_SECRET_MISSING
+    assert api.get("InfraEnv", "order-1-infraenv")["spec"]["sshAuthorizedKey"] == new_key
+    assert (
+        api.get("Secret", "order-1-pull-secret")["metadata"]["resourceVersion"]
+        == (kept["metadata"]["resourceVersion"])
+    )
+    api.delete("Secret", "order-1-pull-secret")
+    with pytest.raises(ApplicationError) as missing:
+        await kit.run()(api_assisted.ensure_infraenv, order_ref(api))
+    assert missing.value.type == HubErrorType.PULL_SECRET_MISSING and missing.value.non_retryable
+    assert missing.value.message == "spec.pullSecret is not set and no default pull secret is configured"
 
 
 async def test_wait_infraenv_ready_shows_image_created_false_then_ready(lab_api, lab_assisted, lab_kube, kit):

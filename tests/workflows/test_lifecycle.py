@@ -379,8 +379,8 @@ async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(
     assert await stack.bmis(order) == []
 
 
-async def set_pull_secret(stack: Stack, order: OrderRef, pull_secret: str) -> None:
-    """The tenant edits the order's `spec.pullSecret`."""
+async def set_pull_secret(stack: Stack, order: OrderRef, pull_secret: str | None) -> None:
+    """The tenant edits the order's `spec.pullSecret` (None: removes it)."""
     response = await stack.hub_http.patch(
         f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
         json={"spec": {"pullSecret": pull_secret}},
@@ -446,6 +446,20 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
         "spec.pullSecret is not a pull secret: it is not JSON, and the InfraEnv's pull Secret is gone:"
         " no new host boots until that is corrected.",
     )
+    # The tenant removes the pull secret (no default is configured): the order says so now.
+    await set_pull_secret(stack, order, None)
+    await stack.apply(order, {"bm-standard": 2})
+
+    async def missing_shown() -> bool:
+        return (await image_condition())[1] == "PullSecretMissing"
+
+    await eventually(missing_shown, "InfraEnvReady=False/PullSecretMissing once the pull secret is removed")
+    assert await image_condition() == (
+        "False",
+        "PullSecretMissing",
+        "spec.pullSecret is not set and no default pull secret is configured, and the InfraEnv's pull"
+        " Secret is gone: no new host boots until that is corrected.",
+    )
     await set_pull_secret(stack, order, PULL_SECRET)
     await stack.apply(order, {"bm-standard": 2})
 
@@ -455,11 +469,23 @@ async def test_a_rotated_pull_secret_and_a_new_ssh_key_reach_the_hosts_booted_af
     await eventually(applied, "InfraEnvReady=True/ImageCreated once the pull secret is corrected")
     assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET  # the Secret written again
 
+    # Removed while the Secret is there: it is kept, as a refused one is, and the order says why.
+    await set_pull_secret(stack, order, None)
+    await stack.apply(order, {"bm-standard": 2})
+    await eventually(missing_shown, "InfraEnvReady=True/PullSecretMissing while the Secret is kept")
+    assert await image_condition() == (
+        "True",
+        "PullSecretMissing",
+        "spec.pullSecret is not set and no default pull secret is configured. The discovery image keeps"
+        " the pull secret it was built with, and new hosts boot with it until that is corrected.",
+    )
+    assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET
+
     (cluster_history,) = [
         h for h in await stack.histories(order) if h.workflow_id == cluster_workflow_id(order)
     ]
     ensures = scheduled_activities(cluster_history.events).count(HubActivity.ENSURE_INFRAENV)
-    assert ensures == 5  # the first, then one per command
+    assert ensures == 7  # the first, then one per command
     texts = json.dumps([h.to_json_dict() for h in await stack.histories(order)])
     assert "r0tated-pull" not in texts and base64.b64encode(b"robot:r0tated-pull").decode() not in texts
     await stack.decommission_and_wait(order)
