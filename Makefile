@@ -13,7 +13,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
 		| grep -v -e "^WARNING: Location" || true
-	@$(BIN)/python -c "import temporalio, fastapi, kubernetes, cel" 
+	@$(BIN)/python -c "import temporalio, fastapi, kubernetes, cel, xdist"
 	@touch $(STAMP)
 
 venv: $(STAMP)

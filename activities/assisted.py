@@ -431,7 +431,16 @@ class AssistedActivities:
         refused: str | None = None
         refused_reason = HubErrorType.PULL_SECRET_INVALID
         problem: str | None
-        if not pull_secret:
+        if not pull_secret and self._default_pull_secret is not None:
+            # Configured, but gone or unreadable: the operator's to fix (the log names the Secret);
+            # the tenant is told that much.
+            namespace, name = self._default_pull_secret
+            activity.logger.warning(
+                "the default pull secret %s/%s has no readable %s", namespace, name, PULL_SECRET_KEY
+            )
+            refused = "spec.pullSecret is not set and the provider's default pull secret cannot be read"
+            refused_reason, problem = HubErrorType.PULL_SECRET_MISSING, "unreadable"
+        elif not pull_secret:
             refused, refused_reason = NO_PULL_SECRET, HubErrorType.PULL_SECRET_MISSING
             source, problem = PULL_SECRET_FIELD, "not set"
         else:

@@ -747,8 +747,9 @@ class ClusterWorkersWorkflow:
     async def _refresh_infraenv(self) -> None:
         """The order may have changed more than its counts (a rotated pull secret, a new SSH key):
         bring its InfraEnv in line before more hosts boot the InfraEnv's ignition. The activity
-        patches only what drifted; a refusal (the pull secret removed, no default) keeps the InfraEnv
-        as it is, and the hosts keep booting it."""
+        patches only what drifted. A pull secret refused (none, or no pull secret) is never written:
+        the Secret the image was built with is kept and the order says why; with no Secret to keep,
+        the InfraEnv is left as it is and the order says no new host boots."""
         order = self._input.order
         try:
             ensured = await self._hub(

@@ -104,6 +104,16 @@ async def test_ensure_infraenv_needs_an_order_and_a_pull_secret(api, api_kube, h
     with pytest.raises(ApplicationError) as no_secret:
         await kit.run()(api_assisted.ensure_infraenv, order_ref(api, "no-secret"))
     assert no_secret.value.type == HubErrorType.PULL_SECRET_MISSING and no_secret.value.non_retryable
+    assert no_secret.value.message == "spec.pullSecret is not set and no default pull secret is configured"
+
+    # A default configured but not there: the tenant is told it cannot be read, not that none is set.
+    unreadable = AssistedActivities(api_kube, http, default_pull_secret=(api.ns, "default-pull"))
+    with pytest.raises(ApplicationError) as no_default:
+        await kit.run()(unreadable.ensure_infraenv, order_ref(api, "no-secret"))
+    assert no_default.value.type == HubErrorType.PULL_SECRET_MISSING
+    assert no_default.value.message == (
+        "spec.pullSecret is not set and the provider's default pull secret cannot be read"
+    )
 
     # With a configured default the order's InfraEnv uses that pull secret.
     encoded = base64.b64encode(kit.pull_secret.encode()).decode()
