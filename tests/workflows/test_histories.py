@@ -260,7 +260,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     no boot image, looked for again and again until one was linked (recorded on 13a70de; each look
     now reads the order first); workers cancelled from outside, one while it waited for its Agent and
     one Ready (recorded on 87a495c; the run ended Canceled, with its host, where a cancel is now a
-    scale-down)."""
+    scale-down); an order whose pull secret was refused, its Secret deleted, then removed, set again
+    and removed again (recorded on 476a29c; the refresh's PullSecretMissing changed nothing then,
+    and is shown now). Without its patch guard, that last one fails to replay."""
     replayer = Replayer(
         workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
     )
