@@ -108,6 +108,7 @@ from contracts.hub import (
     InstallHold,
     MarkRemovingResult,
     NodePoolRef,
+    PullSecretRefusal,
     ReleaseAgentInput,
     ReleasedAgents,
     ReleaseStaleAgentsInput,
@@ -429,7 +430,7 @@ class AssistedActivities:
             source = DEFAULT_PULL_SECRET
         secret_created = secret_updated = False
         refused: str | None = None
-        refused_reason = HubErrorType.PULL_SECRET_INVALID
+        refused_reason: PullSecretRefusal = HubErrorType.PULL_SECRET_INVALID
         problem: str | None
         if not pull_secret and self._default_pull_secret is not None:
             # Configured, but gone or unreadable: the operator's to fix (the log names the Secret);

@@ -11,6 +11,7 @@ import functools
 import re
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -180,6 +181,10 @@ class HubErrorType(StrEnum):
     AGENT_UNBINDING_TIMEOUT = "AgentUnbindingTimeout"
     IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
     INFRAENV_MISSING = "InfraEnvMissing"
+
+
+# Why an order's pull secret was not written: the two reasons InfraEnvReady gives for it.
+PullSecretRefusal = Literal[HubErrorType.PULL_SECRET_INVALID, HubErrorType.PULL_SECRET_MISSING]
 
 
 NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
@@ -414,7 +419,7 @@ class EnsureInfraEnvResult(BaseModel):
     pull_secret_refused: str | None = None
     # PullSecretInvalid (not a pull secret) or PullSecretMissing (none set, no default); results
     # recorded before the second existed mean the first.
-    pull_secret_refused_reason: HubErrorType = HubErrorType.PULL_SECRET_INVALID
+    pull_secret_refused_reason: PullSecretRefusal = HubErrorType.PULL_SECRET_INVALID
 
 
 class InfraEnvReady(BaseModel):

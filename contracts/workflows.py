@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 
 from pydantic import BaseModel, Field
 
-from contracts.hub import AgentMatch, Condition, EventInput, HubErrorType, OrderFacts
+from contracts.hub import AgentMatch, Condition, EventInput, HubErrorType, OrderFacts, PullSecretRefusal
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import (  # noqa: F401  (WorkerReport(s): the signals' payloads, re-exported)
     FailureReason,
@@ -309,7 +309,7 @@ class ClusterWorkersCarried(BaseModel):
     # The order's pull secret was refused and the InfraEnv kept its Secret: what the order shows,
     # and its reason (PullSecretInvalid or PullSecretMissing).
     pull_secret_note: str | None = None
-    pull_secret_note_reason: HubErrorType = HubErrorType.PULL_SECRET_INVALID
+    pull_secret_note_reason: PullSecretRefusal = HubErrorType.PULL_SECRET_INVALID
 
 
 class ClusterWorkersStatus(BaseModel):
