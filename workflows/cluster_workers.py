@@ -15,7 +15,14 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    TerminatedError,
+    WorkflowAlreadyStartedError,
+)
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -61,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SetNodeSets,
         SlotRecord,
         WorkerNodeInput,
+        WorkerNodeResult,
         WorkerProgress,
         WorkerReport,
         WorkerReports,
@@ -164,6 +172,10 @@ class ClusterPatch(StrEnum):
     # the InfraEnv's Secret is gone too, and the image is waited for once it is set again; before,
     # the condition kept what it said about the last refused pull secret.
     MISSING_PULL_SECRET_SHOWN = "missing-pull-secret-shown"
+    # A worker this run started whose run is then terminated from outside is started again at once
+    # (its end reaches this run): a Ready one stays Ready, a leaving one finishes its release, and
+    # one not yet Ready releases what it held and is replaced. Before, it waited to be told.
+    TERMINATED_WORKERS_RESTARTED = "terminated-workers-restarted"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -229,6 +241,8 @@ class ClusterWorkersWorkflow:
         # built with): what InfraEnvReady=True says instead of ImageCreated.
         self._pull_secret_note = carried.pull_secret_note
         self._pull_secret_note_reason = carried.pull_secret_note_reason
+        # The end of each worker this run started (a run of it terminated from outside restarts it).
+        self._child_ends: dict[str, asyncio.Future[None]] = {}
 
     # ----------------------------------------------------------------------------------- API
 
@@ -1054,7 +1068,7 @@ class ClusterWorkersWorkflow:
             if restart
             else None
         )
-        await workflow.start_child_workflow(
+        handle = await workflow.start_child_workflow(
             WorkerNodeWorkflow.run,
             WorkerNodeInput(
                 slot=slot.spec,
@@ -1079,6 +1093,41 @@ class ClusterWorkersWorkflow:
                 f"Instance type: {slot.spec.instance_type}"
             ),
         )
+        if workflow.patched(ClusterPatch.TERMINATED_WORKERS_RESTARTED.value):
+            self._child_ends[slot.spec.name] = asyncio.ensure_future(
+                self._restart_if_terminated(slot, handle)
+            )
+
+    async def _restart_if_terminated(
+        self, slot: SlotRecord, handle: workflow.ChildWorkflowHandle[Any, WorkerNodeResult]
+    ) -> None:
+        """Only a scale-down ends a worker; a run terminated from outside (the Web UI) held what its
+        last report says. Started again at once: a Ready worker stays Ready on its host, a leaving
+        one finishes its release, and one not yet Ready (or failed) releases what it held, from its
+        last report and by the slot's name, and the order replaces it."""
+        try:
+            await handle
+            return
+        except ChildWorkflowError as err:
+            if not isinstance(err.cause, TerminatedError):
+                return  # failed or cancelled: not this workflow's to undo
+        if slot.deleted or self._slots.get(slot.spec.name) is not slot:
+            return
+        leaving = slot.scale_down_sent or slot.status.phase in LEAVING_PHASES
+        release = leaving or slot.status.phase != WorkerPhase.READY
+        workflow.logger.warning(
+            "worker %s was terminated while %s: starting it again%s",
+            slot.spec.name,
+            slot.status.phase.value,
+            " to release its host" if release else "",
+        )
+        if release and not leaving:
+            slot.scale_down_sent = True
+            self._touch()  # the main loop starts its replacement
+        try:
+            await self._start_child(slot, restart=True, scale_down=release)
+        except WorkflowAlreadyStartedError:
+            pass  # a tell started it a moment ago
 
     async def _tell_worker(self, slot: SlotRecord, lost: LostInstance | None) -> None:
         """Signal `scale_down` (no `lost`) or `host_lost` to the slot's worker. A worker only ends

@@ -710,6 +710,49 @@ async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) ->
         await replayer.replay_workflow(history)
 
 
+async def test_a_worker_terminated_before_it_is_ready_releases_its_host_and_is_replaced(stack: Stack) -> None:
+    """An operator terminates a worker's workflow while its host waits for its Agent. The order sees
+    the run end and starts it again at once, to release what it held (found by the slot's name: the
+    BMI, wiped), and starts another worker in its place: the order reaches its count with nothing
+    told and nothing left behind."""
+    api = stack.with_policy(**QUICK_RESTARTS)
+    await stack.set_agent_faults({"never_register": {"rate": 1.0}})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1}, api)
+        first = order.worker_name(0)
+
+        async def waiting_for_its_agent() -> WorkerStatus | None:
+            workers = {w.name: w for w in (await stack.api.status(order)).workers}
+            worker = workers.get(first)
+            return worker if worker and worker.phase == WorkerPhase.WAITING_FOR_AGENT else None
+
+        held = await eventually(waiting_for_its_agent, f"{first} waiting for its Agent")
+        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, first))
+        stopped_run = (await stopped.describe()).run_id
+        await stopped.terminate(reason="test")
+    finally:
+        await stack.clear_agent_faults()
+
+    async def replaced() -> bool:
+        status = await stack.api.status(order)
+        return status.ready_workers == 1 and [w.name for w in status.workers] == [order.worker_name(1)]
+
+    await eventually(replaced, f"{first} released and replaced", timeout=120)
+    latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
+    assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+    assert held.resource_id in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in await stack.histories(order):
+        await replayer.replay_workflow(history)
+
+
 def test_a_quiet_leaver_is_told_again_less_and_less_often() -> None:
     """A wipe stuck for days is not signalled at every look; a run stopped meanwhile still restarts."""
     assert [looks for looks in range(1, 40) if _tell_again_at(looks)] == [1, 2, 4, 8, 12, 24, 36]
