@@ -241,8 +241,10 @@ class ClusterWorkersWorkflow:
         # built with): what InfraEnvReady=True says instead of ImageCreated.
         self._pull_secret_note = carried.pull_secret_note
         self._pull_secret_note_reason = carried.pull_secret_note_reason
-        # The end of each worker this run started (a run of it terminated from outside restarts it).
+        # The waits on the ends of the workers this run started (one terminated from outside is
+        # started again), and how many such restarts are under way (a continue-as-new waits for them).
         self._child_ends: dict[str, asyncio.Future[None]] = {}
+        self._restarts_in_flight = 0
 
     # ----------------------------------------------------------------------------------- API
 
@@ -1105,29 +1107,40 @@ class ClusterWorkersWorkflow:
         last report says. Started again at once: a Ready worker stays Ready on its host, a leaving
         one finishes its release, and one not yet Ready (or failed) releases what it held, from its
         last report and by the slot's name, and the order replaces it."""
+        name = slot.spec.name
         try:
             await handle
             return
         except ChildWorkflowError as err:
             if not isinstance(err.cause, TerminatedError):
                 return  # failed or cancelled: not this workflow's to undo
-        if slot.deleted or self._slots.get(slot.spec.name) is not slot:
+        finally:
+            if self._child_ends.get(name) is asyncio.current_task():
+                del self._child_ends[name]
+        if slot.deleted or self._slots.get(name) is not slot:
             return
         leaving = slot.scale_down_sent or slot.status.phase in LEAVING_PHASES
         release = leaving or slot.status.phase != WorkerPhase.READY
         workflow.logger.warning(
             "worker %s was terminated while %s: starting it again%s",
-            slot.spec.name,
+            name,
             slot.status.phase.value,
             " to release its host" if release else "",
         )
         if release and not leaving:
             slot.scale_down_sent = True
             self._touch()  # the main loop starts its replacement
+        self._restarts_in_flight += 1
         try:
             await self._start_child(slot, restart=True, scale_down=release)
         except WorkflowAlreadyStartedError:
-            pass  # a tell started it a moment ago
+            # A tell started it a moment ago, or a reset run of it goes on: that run must leave too.
+            if release:
+                await self._tell_leaver_again(slot)
+        except Exception as err:  # a background wait's: logged, not lost in a task nobody awaits
+            workflow.logger.warning("could not start terminated worker %s again: %s", name, err)
+        finally:
+            self._restarts_in_flight -= 1
 
     async def _tell_worker(self, slot: SlotRecord, lost: LostInstance | None) -> None:
         """Signal `scale_down` (no `lost`) or `host_lost` to the slot's worker. A worker only ends
@@ -1398,6 +1411,9 @@ class ClusterWorkersWorkflow:
             publisher, or_give_up=workflow.patched(ClusterPatch.CONTINUE_AS_NEW_PAST_A_REFUSED_STATUS.value)
         )
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._restarts_in_flight:  # no yield otherwise: histories from before it replay as they ran
+            # A terminated worker being started again: its start must not be dropped with this run.
+            await workflow.wait_condition(lambda: self._restarts_in_flight == 0)
         carried = ClusterWorkersCarried(
             slots=[s for s in self._ordered_slots() if not s.deleted],
             next_index=self._next_index,

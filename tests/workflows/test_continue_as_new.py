@@ -17,7 +17,7 @@ from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerStatus
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
-from tests.workflows.stack import Stack, eventually, running_stack
+from tests.workflows.stack import QUICK_RESTARTS, Stack, eventually, running_stack
 from workflows.cluster_workers import ClusterWorkersWorkflow
 from workflows.worker_node import WorkerNodeWorkflow
 
@@ -107,6 +107,40 @@ async def test_state_and_commands_survive_continue_as_new(stack: Stack) -> None:
     assert (await stack.api.run_status(order, first_run)).finished  # the last run's result
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+
+
+async def test_a_worker_of_an_earlier_run_terminated_from_outside_is_restarted_when_told(
+    stack: Stack,
+) -> None:
+    """The order's current run sees the end only of the workers it started. One started before its
+    continue-as-new and then terminated is started again when it is next told something: a named
+    scale-down releases its host (wiped) through the restarted run."""
+    order = await stack.create_order({"bm-standard": 2})
+    await stack.apply(order, {"bm-standard": 2}, stack.with_policy(**QUICK_RESTARTS))
+    before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
+    cluster_id = cluster_workflow_id(order)
+
+    async def cluster_continued() -> bool:
+        return WorkflowExecutionStatus.CONTINUED_AS_NEW in await _runs(stack, cluster_id)
+
+    await eventually(cluster_continued, "the cluster workflow to continue as new")
+    leaving, staying = order.worker_name(0), order.worker_name(1)
+    stopped = stack.client.get_workflow_handle(worker_workflow_id(order, leaving))
+    stopped_run = (await stopped.describe()).run_id
+    await stopped.terminate(reason="test")
+    await stack.api.scale_down_worker(order, leaving)
+
+    async def released() -> bool:
+        status = await stack.api.status(order)
+        return [w.name for w in status.workers] == [staying] and status.ready_workers == 1
+
+    await eventually(released, f"{leaving} started again and released")
+    latest = await stack.client.get_workflow_handle(worker_workflow_id(order, leaving)).describe()
+    assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+    assert before[leaving] in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
 
 

@@ -353,8 +353,9 @@ async def test_wipe_failure_stays_deleting_and_the_host_is_never_reused(stack: S
     assert reused == [], f"quarantined host allocated again: {reused}"
     assert await stack.audit_violations() == []
     await _clean_decommission(stack, order2)
-    await handle.terminate("test cleanup: the stuck wipe never finishes")
+    # The order first: it would start a worker terminated before it again.
     await stack.api.handle(order).terminate("test cleanup")
+    await handle.terminate("test cleanup: the stuck wipe never finishes")
 
 
 async def _image_not_found(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
