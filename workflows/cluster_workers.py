@@ -243,7 +243,7 @@ class ClusterWorkersWorkflow:
         self._pull_secret_note_reason = carried.pull_secret_note_reason
         # The waits on the ends of the workers this run started (one terminated from outside is
         # started again), and how many such restarts are under way (a continue-as-new waits for them).
-        self._child_ends: dict[str, asyncio.Future[None]] = {}
+        self._child_ends: set[asyncio.Future[None]] = set()
         self._restarts_in_flight = 0
 
     # ----------------------------------------------------------------------------------- API
@@ -1096,9 +1096,9 @@ class ClusterWorkersWorkflow:
             ),
         )
         if workflow.patched(ClusterPatch.TERMINATED_WORKERS_RESTARTED.value):
-            self._child_ends[slot.spec.name] = asyncio.ensure_future(
-                self._restart_if_terminated(slot, handle)
-            )
+            ended = asyncio.ensure_future(self._restart_if_terminated(slot, handle))
+            self._child_ends.add(ended)  # held while it waits, dropped once done
+            ended.add_done_callback(self._child_ends.discard)
 
     async def _restart_if_terminated(
         self, slot: SlotRecord, handle: workflow.ChildWorkflowHandle[Any, WorkerNodeResult]
@@ -1114,9 +1114,6 @@ class ClusterWorkersWorkflow:
         except ChildWorkflowError as err:
             if not isinstance(err.cause, TerminatedError):
                 return  # failed or cancelled: not this workflow's to undo
-        finally:
-            if self._child_ends.get(name) is asyncio.current_task():
-                del self._child_ends[name]
         if slot.deleted or self._slots.get(name) is not slot:
             return
         leaving = slot.scale_down_sent or slot.status.phase in LEAVING_PHASES
