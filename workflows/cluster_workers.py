@@ -1114,7 +1114,7 @@ class ClusterWorkersWorkflow:
         except ChildWorkflowError as err:
             if not isinstance(err.cause, TerminatedError):
                 return  # failed or cancelled: not this workflow's to undo
-        if slot.deleted or self._slots.get(name) is not slot:
+        if slot.deleted:  # its release ended as it should (slots are only dropped before a start)
             return
         leaving = slot.scale_down_sent or slot.status.phase in LEAVING_PHASES
         release = leaving or slot.status.phase != WorkerPhase.READY
