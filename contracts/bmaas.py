@@ -151,6 +151,8 @@ class WorkerInstance(BaseModel):
     order_name: str | None = None
     created_at: datetime | None = None
     deleting_since: datetime | None = None
+    # Its NICs' MACs (normalised), which its host's Agent registrations report.
+    macs: list[str] = []
 
 
 class CreateWorkerInstanceResult(BaseModel):

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         OrderInstances,
         WaitInstanceGoneInput,
         WaitInstanceRunningInput,
+        WorkerInstance,
         create_margin,
     )
     from contracts.hub import (
@@ -106,6 +107,10 @@ class WorkerPatch(StrEnum):
     # A cancellation requested from outside is a scale-down: the host is released and wiped before
     # the run ends, instead of the run ending Canceled with its host allocated.
     CANCEL_RELEASES = "cancel-releases"
+    # A restarted release lists the slot's BMIs first and gives their MACs to the Agent release, so
+    # an Agent that registered but was not handed over yet (the stopped run's wait was matching it)
+    # is deleted with its host instead of staying on the hub.
+    RESTARTED_RELEASE_FINDS_REGISTRATIONS = "restarted-release-finds-registrations"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -596,11 +601,16 @@ class WorkerNodeWorkflow:
     async def _release_resources(self) -> None:
         """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
         progress, slot = self._state()
+        listed: list[WorkerInstance] | None = None
         if progress.restarted:
             # The stopped run's calls may still be running (a create finishing, a wait handing the
             # Agent over) until their timeouts: look for what they left only after those.
             policy = self._policy()
             await workflow.sleep(max(policy.call_timeout, policy.wait_heartbeat_timeout))
+            if workflow.patched(WorkerPatch.RESTARTED_RELEASE_FINDS_REGISTRATIONS.value):
+                # The stopped run's last report holds no MACs; the slot's BMIs have them.
+                listed = await self._instances_of_slot()
+                progress.macs = sorted({*progress.macs, *(mac for bmi in listed for mac in bmi.macs)})
         elif (
             progress.create_unsettled
             and progress.bmi_id is None
@@ -640,7 +650,7 @@ class WorkerNodeWorkflow:
                 await self._unbind(AgentRef(namespace=slot.order.namespace, name=name))
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
-        bmi_ids = await self._bmis_of_slot()
+        bmi_ids = await self._bmis_of_slot(listed)
         for bmi_id in bmi_ids:
             await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
         progress.bmi_id = None
@@ -733,19 +743,27 @@ class WorkerNodeWorkflow:
         ):
             await self._continue_as_new()
 
-    async def _bmis_of_slot(self) -> list[str]:
-        """The BMIs to release: the known one, or any a cancelled create may have left behind."""
-        progress, slot = self._state()
+    async def _bmis_of_slot(self, listed: list[WorkerInstance] | None = None) -> list[str]:
+        """The BMIs to release: the known one, or any a cancelled create may have left behind
+        (`listed`: the slot's BMIs as this release already listed them)."""
+        progress, _slot = self._state()
         if progress.bmi_id is not None and not progress.restarted:
             return [progress.bmi_id]
+        if listed is None:
+            listed = await self._instances_of_slot()
+        known = [progress.bmi_id] if progress.bmi_id is not None else []
+        return sorted({*known, *(bmi.id for bmi in listed)})
+
+    async def _instances_of_slot(self) -> list[WorkerInstance]:
+        """The order's BMIs named after this slot, in any state."""
+        _progress, slot = self._state()
         found = await self._bmaas(
             BmaasActivity.LIST_ORDER_INSTANCES,
             ListOrderInstancesInput(order=slot.order),
             OrderInstances,
             summary=f"Look for a BMI of {slot.name} left by an interrupted create",
         )
-        known = [progress.bmi_id] if progress.bmi_id is not None else []
-        return sorted({*known, *(i.id for i in found.instances if i.name == slot.name)})
+        return [bmi for bmi in found.instances if bmi.name == slot.name]
 
     # ------------------------------------------------------------------------------- helpers
 

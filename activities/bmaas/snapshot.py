@@ -169,4 +169,5 @@ class BmiSnapshot:
             order_name=self.order_name,
             created_at=self.created_at,
             deleting_since=self.deleting_since,
+            macs=list(self.macs),
         )

@@ -262,7 +262,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     one Ready (recorded on 87a495c; the run ended Canceled, with its host, where a cancel is now a
     scale-down); an order whose pull secret was refused, its Secret deleted, then removed, set again
     and removed again (recorded on 476a29c; the refresh's PullSecretMissing changed nothing then,
-    and is shown now). Without its patch guard, that last one fails to replay."""
+    and is shown now); the restarted release of a worker terminated after its host's Agent
+    registered (recorded on 21077d4; the release now lists the slot's BMIs before it deletes the
+    Agents). Without their patch guards, the last two fail to replay."""
     replayer = Replayer(
         workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
     )

@@ -753,6 +753,49 @@ async def test_a_worker_terminated_before_it_is_ready_releases_its_host_and_is_r
         await replayer.replay_workflow(history)
 
 
+async def test_a_worker_terminated_as_its_agent_registers_leaves_no_registration(stack: Stack) -> None:
+    """An operator terminates a worker's workflow after its host's Agent registered but before the
+    Agent was handed over (the hand-off keeps failing). The restarted run finds the registration
+    from the slot's BMI's MACs and deletes it with the host: nothing of the host stays on the hub."""
+    api = stack.with_policy(**QUICK_RESTARTS)
+    hand_offs_fail = {"errors": [{"code": 500, "verbs": ["patch"], "resources": ["agents"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=hand_offs_fail)).raise_for_status()
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1}, api)
+        first = order.worker_name(0)
+
+        async def registered() -> str | None:
+            agents = await stack.agents(order.namespace)
+            return str(agents[0]["metadata"]["name"]) if agents else None
+
+        registration = await eventually(registered, f"the Agent of {first}'s host registered")
+        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, first))
+        stopped_run = (await stopped.describe()).run_id
+        await stopped.terminate(reason="test")
+
+        async def released() -> bool:
+            latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
+            return latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+
+        # Released while hand-offs still fail: the registration cannot have been handed meanwhile.
+        await eventually(released, f"{first} restarted and released", timeout=120)
+        assert registration not in {a["metadata"]["name"] for a in await stack.agents(order.namespace)}
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    status = await stack.wait_ready(order, 1)
+    assert [w.name for w in status.workers] == [order.worker_name(1)]
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in await stack.histories(order):
+        await replayer.replay_workflow(history)
+
+
 def test_a_quiet_leaver_is_told_again_less_and_less_often() -> None:
     """A wipe stuck for days is not signalled at every look; a run stopped meanwhile still restarts."""
     assert [looks for looks in range(1, 40) if _tell_again_at(looks)] == [1, 2, 4, 8, 12, 24, 36]
