@@ -22,7 +22,8 @@ class BmaasActivity(StrEnum):
 
 
 class HubActivity(StrEnum):
-    """Assisted Installer and hub activities, on the workflow task queue."""
+    """Assisted Installer and hub activities, on the workflow task queue, and the one that asks
+    Temporal about the worker workflows (`find_stopped_workers`)."""
 
     READ_ORDER = "read_order"
     WAIT_CLUSTER_REFERENCE = "wait_cluster_reference"
@@ -44,3 +45,4 @@ class HubActivity(StrEnum):
     SYNC_NODEPOOL_REPLICAS = "sync_nodepool_replicas"
     ANNOTATE_MACHINE_FOR_DELETION = "annotate_machine_for_deletion"
     PUBLISH_ORDER_STATUS = "publish_order_status"
+    FIND_STOPPED_WORKERS = "find_stopped_workers"

@@ -339,6 +339,19 @@ class ReleasedWorker(BaseModel):
     node_set: NodeSetRequest
 
 
+class FindStoppedWorkersInput(BaseModel):
+    """Activity `find_stopped_workers`: worker workflow ids the cluster workflow has no handle on."""
+
+    workflow_ids: list[str] = Field(min_length=1)
+
+
+class StoppedWorkers(BaseModel):
+    """Of the ids asked about, those whose latest run was stopped from outside (terminated, timed
+    out) or that no longer exist (deleted): nobody would ever release what they held."""
+
+    workflow_ids: list[str]
+
+
 # A worker in these phases is on its way out (its scale-down, a lost host or the decommission).
 LEAVING_PHASES = frozenset({WorkerPhase.UNBINDING, WorkerPhase.DELETING})
 

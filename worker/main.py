@@ -32,6 +32,7 @@ from activities.bmaas.watcher import BmiWatcher
 from activities.hub import HubActivities
 from activities.kube import HubKube
 from activities.reporting import use_batch_window
+from activities.workflows import WorkflowActivities
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.bmaas import BmaasErrorType
 from worker.compiled_code import compile_once
@@ -61,15 +62,17 @@ class Backends:
     bmaas: BmaasActivities
     assisted: AssistedActivities
     hub: HubActivities
+    workflows: WorkflowActivities
 
     def bmaas_activities(self) -> list[Any]:
         return [getattr(self.bmaas, name.value) for name in BmaasActivity if hasattr(self.bmaas, name.value)]
 
     def hub_activities(self) -> list[Any]:
+        owners = (self.assisted, self.workflows, self.hub)
         found = []
         for name in HubActivity:
-            owner = self.assisted if hasattr(self.assisted, name.value) else self.hub
-            found.append(getattr(owner, name.value))
+            owner = next((o for o in owners if hasattr(o, name.value)), self.hub)
+            found.append(getattr(owner, name.value))  # an AttributeError names one not implemented
         return found
 
     async def close(self) -> None:
@@ -111,6 +114,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         bmaas=BmaasActivities(bmaas_client, watcher, assisted),
         assisted=assisted,
         hub=HubActivities(kube),
+        workflows=WorkflowActivities(),
     )
     try:
         yield backends

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -61,12 +62,14 @@ with workflow.unsafe.imports_passed_through():
         ClusterWorkersCarried,
         ClusterWorkersInput,
         ClusterWorkersStatus,
+        FindStoppedWorkersInput,
         NodeSetRequest,
         OrderConditionType,
         ReleasedWorker,
         ScaleDownWorker,
         SetNodeSets,
         SlotRecord,
+        StoppedWorkers,
         WorkerNodeInput,
         WorkerNodeResult,
         WorkerProgress,
@@ -176,6 +179,11 @@ class ClusterPatch(StrEnum):
     # (its end reaches this run): a Ready one stays Ready, a leaving one finishes its release, and
     # one not yet Ready releases what it held and is replaced. Before, it waited to be told.
     TERMINATED_WORKERS_RESTARTED = "terminated-workers-restarted"
+    # A worker started by an earlier run of this workflow (before a continue-as-new), not yet Ready
+    # and quiet for a `ready_host_check`, is looked up in Temporal (`find_stopped_workers`): one
+    # terminated from outside is started again at once, to release its host and be replaced, as
+    # the workers this run started are. Before, it waited to be told.
+    EARLIER_WORKERS_LOOKED_AFTER = "earlier-workers-looked-after"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -245,6 +253,11 @@ class ClusterWorkersWorkflow:
         # started again), and how many such restarts are under way (a continue-as-new waits for them).
         self._child_ends: set[asyncio.Future[None]] = set()
         self._restarts_in_flight = 0
+        # The slots whose worker this run started (it sees their end); the others' workers were
+        # started by an earlier run and are looked up instead (`_look_after_earlier_workers`).
+        self._watched: set[str] = set()
+        # Per such slot not yet Ready: how many looks in a row found it quiet.
+        self._earlier_quiet_looks: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------- API
 
@@ -413,6 +426,7 @@ class ClusterWorkersWorkflow:
         security_groups = asyncio.ensure_future(self._keep_security_groups())
         recreated_image = asyncio.ensure_future(self._wait_recreated_infraenv())
         leavers = asyncio.ensure_future(self._look_after_leavers())
+        earlier_workers = asyncio.ensure_future(self._look_after_earlier_workers())
 
         prepared = self._facts is not None and self._cluster is not None and not self._preparing
         if not prepared and (not self._decommissioning or self._slots):
@@ -462,6 +476,7 @@ class ClusterWorkersWorkflow:
         security_groups.cancel()
         recreated_image.cancel()
         leavers.cancel()
+        earlier_workers.cancel()
         # A last write the hub refuses for good is given up after its call timeout: retried for ever,
         # it held the run (and the controller the finalizer) until the server's history limit.
         await self._flush_status(
@@ -1096,6 +1111,7 @@ class ClusterWorkersWorkflow:
             ),
         )
         if workflow.patched(ClusterPatch.TERMINATED_WORKERS_RESTARTED.value):
+            self._watched.add(slot.spec.name)
             ended = asyncio.ensure_future(self._restart_if_terminated(slot, handle))
             self._child_ends.add(ended)  # held while it waits, dropped once done
             ended.add_done_callback(self._child_ends.discard)
@@ -1104,22 +1120,26 @@ class ClusterWorkersWorkflow:
         self, slot: SlotRecord, handle: workflow.ChildWorkflowHandle[Any, WorkerNodeResult]
     ) -> None:
         """Only a scale-down ends a worker; a run terminated from outside (the Web UI) held what its
-        last report says. Started again at once: a Ready worker stays Ready on its host, a leaving
-        one finishes its release, and one not yet Ready (or failed) releases what it held, from its
-        last report and by the slot's name, and the order replaces it."""
-        name = slot.spec.name
+        last report says: started again (`_restart_stopped`)."""
         try:
             await handle
             return
         except ChildWorkflowError as err:
             if not isinstance(err.cause, TerminatedError):
                 return  # failed or cancelled: not this workflow's to undo
+        await self._restart_stopped(slot)
+
+    async def _restart_stopped(self, slot: SlotRecord) -> None:
+        """Start again a worker whose run was stopped from outside: a Ready worker stays Ready on its
+        host, a leaving one finishes its release, and one not yet Ready (or failed) releases what it
+        held, from its last report and by the slot's name, and the order replaces it."""
+        name = slot.spec.name
         if slot.deleted:  # its release ended as it should (slots are only dropped before a start)
             return
         leaving = slot.scale_down_sent or slot.status.phase in LEAVING_PHASES
         release = leaving or slot.status.phase != WorkerPhase.READY
         workflow.logger.warning(
-            "worker %s was terminated while %s: starting it again%s",
+            "worker %s was stopped from outside while %s: starting it again%s",
             name,
             slot.status.phase.value,
             " to release its host" if release else "",
@@ -1311,24 +1331,80 @@ class ClusterWorkersWorkflow:
         if not workflow.patched(ClusterPatch.STOPPED_LEAVERS_RESTARTED.value):
             return
         while True:
-            await workflow.wait_condition(lambda: bool(self._leavers()))
-            seen = self._leavers()
-            try:  # a timer that every leaver's end cancels: no wake-up after a leave that went well
-                await workflow.wait_condition(
-                    lambda: not self._leavers(),
-                    timeout=self._input.policy.ready_host_check,
-                    timeout_summary="Look after the leaving workers",
-                )
+            quiet = await self._quiet_at_next_look(
+                self._leavers, self._quiet_looks, "Look after the leaving workers"
+            )
+            await asyncio.gather(*(self._tell_leaver_again(self._slots[name]) for name in quiet))
+
+    async def _quiet_at_next_look(
+        self, slots: Callable[[], dict[str, int]], quiet_looks: dict[str, int], summary: str
+    ) -> list[str]:
+        """Once `slots` names slots (with their last report's number), wait a `ready_host_check`
+        and return those that reported nothing meanwhile and are due a look: at the 1st, 2nd, 4th
+        and 8th quiet look in a row, then every 12th (`quiet_looks` counts them), so a wipe stuck
+        for days is not looked at every time, and a run stopped meanwhile is still found."""
+        await workflow.wait_condition(lambda: bool(slots()))
+        seen = slots()
+        try:  # a timer that their progress cancels: no wake-up once they all moved on
+            await workflow.wait_condition(
+                lambda: not slots(), timeout=self._input.policy.ready_host_check, timeout_summary=summary
+            )
+            return []
+        except TimeoutError:
+            pass
+        now = slots()
+        quiet = {
+            name: quiet_looks.get(name, 0) + 1 for name, sequence in seen.items() if now.get(name) == sequence
+        }
+        quiet_looks.clear()
+        quiet_looks.update(quiet)
+        return [name for name, looks in quiet.items() if _tell_again_at(looks)]
+
+    def _earlier_before_ready(self) -> dict[str, int]:
+        """The slots staying whose worker an earlier run started and that are not Ready (nor
+        leaving), with their last report's number."""
+        return {
+            s.spec.name: s.report_sequence
+            for s in self._slots.values()
+            if _active(s) and s.status.phase != WorkerPhase.READY and s.spec.name not in self._watched
+        }
+
+    async def _look_after_earlier_workers(self) -> None:
+        """This run sees the end of the workers it started, not of those an earlier run started. A
+        Ready one waits to be told anything, and is started again then if it was stopped; one not yet
+        Ready would hold the order short of its count, and its host, for ever. A `ready_host_check`
+        after a look began, such a slot that reported nothing since is looked up in Temporal (at the
+        quiet looks `_tell_again_at` picks) and, if its run was terminated, started again. Only runs
+        that recorded the patch look: the timer and the activity are new in their histories."""
+        await workflow.wait_condition(lambda: bool(self._earlier_before_ready()))
+        if not workflow.patched(ClusterPatch.EARLIER_WORKERS_LOOKED_AFTER.value):
+            return
+        while True:
+            quiet = await self._quiet_at_next_look(
+                self._earlier_before_ready,
+                self._earlier_quiet_looks,
+                "Look after the workers of an earlier run not yet Ready",
+            )
+            looked_up = {self._child_id(self._slots[name]): name for name in quiet}
+            if not looked_up:
                 continue
-            except TimeoutError:
-                pass
-            now = self._leavers()
-            quiet = [name for name, sequence in seen.items() if now.get(name) == sequence]
-            self._quiet_looks = {name: self._quiet_looks.get(name, 0) + 1 for name in quiet}
-            # Told again at the 1st, 2nd, 4th and 8th quiet look in a row, then every 12th: a wipe
-            # stuck for days is not signalled at every look, and a run stopped meanwhile still starts.
-            told = [self._slots[name] for name, looks in self._quiet_looks.items() if _tell_again_at(looks)]
-            await asyncio.gather(*(self._tell_leaver_again(slot) for slot in told))
+            try:
+                stopped = await self._hub(
+                    HubActivity.FIND_STOPPED_WORKERS,
+                    FindStoppedWorkersInput(workflow_ids=sorted(looked_up)),
+                    StoppedWorkers,
+                    summary=f"Check that {len(looked_up)} quiet worker(s) of an earlier run still run",
+                )
+            except ActivityError as err:
+                workflow.logger.warning("looking up the earlier run's workers failed: %s", err.cause or err)
+                continue
+            # A tell may have started one again meanwhile: then this run watches it.
+            restarted = [
+                self._slots[looked_up[workflow_id]]
+                for workflow_id in stopped.workflow_ids
+                if looked_up[workflow_id] in self._earlier_before_ready()
+            ]
+            await asyncio.gather(*(self._restart_stopped(slot) for slot in restarted))
 
     async def _tell_leaver_again(self, slot: SlotRecord) -> None:
         try:

@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from contracts.refs import OrderRef
-from contracts.worker import FailureReason, WorkerStatus
+from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
 from tests.workflows.stack import QUICK_RESTARTS, Stack, eventually, running_stack
@@ -142,6 +142,60 @@ async def test_a_worker_of_an_earlier_run_terminated_from_outside_is_restarted_w
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
+
+
+async def test_a_worker_of_an_earlier_run_terminated_before_it_is_ready_is_found_and_replaced(
+    stack: Stack,
+) -> None:
+    """A worker started before the order's continue-as-new, terminated while it waits for its
+    Agent: the current run never sees its end. Quiet for a `ready_host_check`, it is looked up in
+    Temporal, started again to release its host (wiped), and replaced; the order reaches its count
+    without being told anything."""
+    api = stack.with_policy(**QUICK_RESTARTS, agent_registration_timeout=timedelta(minutes=10))
+    await stack.set_agent_faults({"never_register": {"rate": 1.0}})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1}, api)
+        first = order.worker_name(0)
+        cluster_id = cluster_workflow_id(order)
+
+        async def waiting_for_its_agent() -> WorkerStatus | None:
+            workers = {w.name: w for w in (await stack.api.status(order)).workers}
+            worker = workers.get(first)
+            return worker if worker and worker.phase == WorkerPhase.WAITING_FOR_AGENT else None
+
+        held = await eventually(waiting_for_its_agent, f"{first} waiting for its Agent")
+
+        async def cluster_continued() -> bool:
+            if WorkflowExecutionStatus.CONTINUED_AS_NEW in await _runs(stack, cluster_id):
+                return True
+            await stack.apply(order, {"bm-standard": 1}, api)  # a command that changes nothing: events
+            return False
+
+        await eventually(cluster_continued, "the cluster workflow to continue as new")
+        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, first))
+        stopped_run = (await stopped.describe()).run_id
+        await stopped.terminate(reason="test")
+    finally:
+        await stack.clear_agent_faults()
+
+    async def replaced() -> bool:
+        status = await stack.api.status(order)
+        return status.ready_workers == 1 and [w.name for w in status.workers] == [order.worker_name(1)]
+
+    await eventually(replaced, f"{first} found stopped, released and replaced", timeout=120)
+    latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
+    assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+    assert held.resource_id in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in await stack.histories(order):
+        await replayer.replay_workflow(history)
 
 
 async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_still_waits(

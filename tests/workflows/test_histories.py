@@ -264,7 +264,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     and removed again (recorded on 476a29c; the refresh's PullSecretMissing changed nothing then,
     and is shown now); the restarted release of a worker terminated after its host's Agent
     registered (recorded on 21077d4; the release now lists the slot's BMIs before it deletes the
-    Agents). Without their patch guards, the last two fail to replay."""
+    Agents); an order's run after a continue-as-new, its worker terminated before Ready (recorded on
+    996e8e6; such a worker is now looked up after a quiet `ready_host_check`). Without their patch
+    guards, the last three fail to replay."""
     replayer = Replayer(
         workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
     )
