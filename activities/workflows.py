@@ -8,6 +8,7 @@ way to learn that an operator terminated it while it still held a host.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
@@ -25,6 +26,10 @@ MAX_CONCURRENT_DESCRIBES = 16
 
 
 class WorkflowActivities:
+    def all(self) -> list[Any]:
+        """Every activity of this class, bound, for `Worker(activities=...)`."""
+        return [self.find_stopped_workers]
+
     @activity.defn(name=HubActivity.FIND_STOPPED_WORKERS.value)
     async def find_stopped_workers(self, input: FindStoppedWorkersInput) -> StoppedWorkers:
         """The ids whose latest run was terminated (or timed out) and the ids Temporal no longer

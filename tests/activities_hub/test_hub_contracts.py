@@ -8,6 +8,7 @@ import pytest
 from temporalio import activity
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from activities.workflows import WorkflowActivities
 from contracts.activities import HubActivity
 from contracts.hub import (
     AgentRef,
@@ -30,7 +31,7 @@ from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 
 
 def test_every_hub_activity_is_implemented_once(lab_assisted, lab_hub_acts):
-    fns = lab_assisted.all() + lab_hub_acts.all()
+    fns = lab_assisted.all() + lab_hub_acts.all() + WorkflowActivities().all()
     names = [str(activity._Definition.must_from_callable(fn).name) for fn in fns]
     assert sorted(names) == sorted(a.value for a in HubActivity)
 

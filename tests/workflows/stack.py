@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +23,9 @@ import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
+from temporalio.worker import Replayer
 
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
@@ -37,6 +39,8 @@ from lab.hub_controllers.timings import AgentTimings
 from starter.api import WorkersApi
 from worker.main import run_worker
 from worker.settings import Settings
+from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.worker_node import WorkerNodeWorkflow
 
 T = TypeVar("T")
 
@@ -338,3 +342,12 @@ async def running_stack(
         await bmaas_http.aclose()
         fulfillment.stop()
         lab.stop()
+
+
+async def replay_clean(histories: Iterable[WorkflowHistory]) -> None:
+    """Replay each history on today's workflows: a change that breaks one fails the test."""
+    replayer = Replayer(
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+    )
+    for history in histories:
+        await replayer.replay_workflow(history)

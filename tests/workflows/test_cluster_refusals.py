@@ -16,10 +16,8 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from activities.assisted import AssistedActivities
 from activities.hub import HubActivities
@@ -36,10 +34,9 @@ from contracts.hub import (
 from contracts.refs import ClusterReference, OrderRef
 from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, worker_workflow_id
 from starter.api import CommandError, WorkersApi
-from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, running_stack
+from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, replay_clean, running_stack
 from worker.main import build_workers, open_backends
-from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
-from workflows.worker_node import WorkerNodeWorkflow
+from workflows.cluster_workers import ClusterPatch
 
 REFUSED = "RequestRefused"
 
@@ -136,10 +133,7 @@ async def _replays_as_it_ran(stack: Stack, order: OrderRef, patch: ClusterPatch)
     history = await stack.api.handle(order).fetch_history()
     markers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
     assert any(patch.value.encode() in e.SerializeToString() for e in markers), f"no {patch.value} marker"
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    await replayer.replay_workflow(history)
+    await replay_clean([history])
 
 
 async def _refusal_shown_and_asked_again(stack: Stack, order: OrderRef, kind: HubActivity) -> None:

@@ -17,9 +17,8 @@ from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
-from tests.workflows.stack import QUICK_RESTARTS, Stack, eventually, running_stack
+from tests.workflows.stack import QUICK_RESTARTS, Stack, eventually, replay_clean, running_stack
 from workflows.cluster_workers import ClusterWorkersWorkflow
-from workflows.worker_node import WorkerNodeWorkflow
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -191,11 +190,7 @@ async def test_a_worker_of_an_earlier_run_terminated_before_it_is_ready_is_found
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in await stack.histories(order):
-        await replayer.replay_workflow(history)
+    await replay_clean(await stack.histories(order))
 
 
 async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_still_waits(
@@ -334,8 +329,6 @@ async def test_a_failed_attempt_whose_release_hangs_continues_as_new_and_tries_a
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
     # The runs that continued mid-release, and the one that finished it, replay as they ran.
-    replayer = Replayer(workflows=[WorkerNodeWorkflow], data_converter=pydantic_data_converter)
     runs = [h for h in await stack.histories(order) if h.workflow_id == worker_id]
     assert len(runs) > runs_before + 1
-    for history in runs:
-        await replayer.replay_workflow(history)
+    await replay_clean(runs)

@@ -14,7 +14,6 @@ import pytest
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import WORKER_LABEL, WaitAgentInstalledInput, WaitAndHandAgentInput
@@ -27,11 +26,11 @@ from tests.workflows.stack import (
     Stack,
     eventually,
     fast_policy,
+    replay_clean,
     running_stack,
     scheduled_activities,
 )
-from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
-from workflows.worker_node import WorkerNodeWorkflow
+from workflows.cluster_workers import ClusterPatch
 
 ALL = {"rate": 1.0}
 
@@ -407,10 +406,7 @@ async def test_a_release_image_corrected_while_no_boot_image_is_known_is_taken(s
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
     )
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    await replayer.replay_workflow(history)
+    await replay_clean([history])
 
 
 async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stack: Stack) -> None:

@@ -22,9 +22,14 @@ from contracts.activities import HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
-from tests.workflows.stack import PULL_SECRET, Stack, eventually, running_stack, scheduled_activities
-from workflows.cluster_workers import ClusterWorkersWorkflow
-from workflows.worker_node import WorkerNodeWorkflow
+from tests.workflows.stack import (
+    PULL_SECRET,
+    Stack,
+    eventually,
+    replay_clean,
+    running_stack,
+    scheduled_activities,
+)
 
 HISTORIES = Path(__file__).parent / "histories"
 REGRESSIONS = HISTORIES / "regressions"
@@ -206,11 +211,7 @@ async def test_status_changes_are_written_without_waiting_on_a_timer(
 
 async def test_live_histories_replay_clean(lifecycle: tuple[Stack, list[WorkflowHistory], list[str]]) -> None:
     _, histories, _ = lifecycle
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in histories:
-        await replayer.replay_workflow(history)
+    await replay_clean(histories)
     if RECORD:
         HISTORIES.mkdir(exist_ok=True)
         for history in histories:
@@ -244,11 +245,7 @@ def _recorded() -> list[WorkflowHistory]:
 
 
 async def test_recorded_histories_replay_clean() -> None:
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in _recorded():
-        await replayer.replay_workflow(history)
+    await replay_clean(_recorded())
 
 
 async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -> None:
@@ -267,13 +264,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     Agents); an order's run after a continue-as-new, its worker terminated before Ready (recorded on
     996e8e6; such a worker is now looked up after a quiet `ready_host_check`). Without their patch
     guards, the last three fail to replay."""
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
-    for f in files:
-        await replayer.replay_workflow(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()))
+    await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)
 
 
 async def test_changed_workflow_fails_replay() -> None:

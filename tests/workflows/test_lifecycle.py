@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
@@ -32,11 +30,11 @@ from tests.workflows.stack import (
     SSH_KEY,
     Stack,
     eventually,
+    replay_clean,
     running_stack,
     scheduled_activities,
 )
 from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
-from workflows.worker_node import WorkerNodeWorkflow
 
 
 @pytest.fixture(scope="module")
@@ -520,11 +518,7 @@ async def test_a_pull_secret_that_is_none_is_shown_and_its_fix_applied(stack: St
     assert (await stack.infraenv_inputs(order))[0] == PULL_SECRET
     histories = await stack.histories(order)
     assert "not-a-docker-config" not in json.dumps([h.to_json_dict() for h in histories])
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in histories:
-        await replayer.replay_workflow(history)
+    await replay_clean(histories)
     await stack.decommission_and_wait(order)
 
 
@@ -563,14 +557,10 @@ async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_repla
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
     # The checks, the signals and the replacements replay as they ran.
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
     histories = await stack.histories(order)
     cluster = next(h for h in histories if h.workflow_id == cluster_workflow_id(order))
     assert BmaasActivity.FIND_LOST_INSTANCES in scheduled_activities(cluster.events)
-    for history in histories:
-        await replayer.replay_workflow(history)
+    await replay_clean(histories)
 
 
 async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_booted_after(
@@ -633,11 +623,7 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
     histories = await stack.histories(order)
     cluster = next(h for h in histories if h.workflow_id == cluster_workflow_id(order))
     assert BmaasActivity.APPLY_SECURITY_GROUPS in scheduled_activities(cluster.events)
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in histories:
-        await replayer.replay_workflow(history)
+    await replay_clean(histories)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
 
@@ -703,11 +689,7 @@ async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) ->
     wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
     assert before[leaves] in wiped
     assert await stack.audit_violations() == []
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in await stack.histories(order):
-        await replayer.replay_workflow(history)
+    await replay_clean(await stack.histories(order))
 
 
 async def test_a_worker_terminated_before_it_is_ready_releases_its_host_and_is_replaced(stack: Stack) -> None:
@@ -746,11 +728,7 @@ async def test_a_worker_terminated_before_it_is_ready_releases_its_host_and_is_r
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in await stack.histories(order):
-        await replayer.replay_workflow(history)
+    await replay_clean(await stack.histories(order))
 
 
 async def test_a_worker_terminated_as_its_agent_registers_leaves_no_registration(stack: Stack) -> None:
@@ -789,11 +767,7 @@ async def test_a_worker_terminated_as_its_agent_registers_leaves_no_registration
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []
-    replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
-    )
-    for history in await stack.histories(order):
-        await replayer.replay_workflow(history)
+    await replay_clean(await stack.histories(order))
 
 
 def test_a_quiet_leaver_is_told_again_less_and_less_often() -> None:
