@@ -243,6 +243,8 @@ class ListOrderInstancesInput(CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     order: OrderRef
+    # Only the BMIs of this name (a slot's): the result stays small in a large order's histories.
+    name: str | None = None
 
 
 class OrderInstances(BaseModel):

@@ -256,6 +256,7 @@ class ClusterWorkersWorkflow:
         # The slots whose worker this run started (it sees their end); the others' workers were
         # started by an earlier run and are looked up instead (`_look_after_earlier_workers`).
         self._watched: set[str] = set()
+        self._starting: set[str] = set()  # their start not yet confirmed: not an earlier run's either
         # Per such slot not yet Ready: how many looks in a row found it quiet.
         self._earlier_quiet_looks: dict[str, int] = {}
 
@@ -1037,6 +1038,7 @@ class ClusterWorkersWorkflow:
         )
         slot = SlotRecord(spec=spec, status=WorkerStatus(node_set=node_set.name, name=spec.name))
         self._slots[spec.name] = slot
+        self._starting.add(spec.name)  # until `_start_child` has started it
         return slot
 
     async def _start_new_child(self, slot: SlotRecord) -> None:
@@ -1085,31 +1087,35 @@ class ClusterWorkersWorkflow:
             if restart
             else None
         )
-        handle = await workflow.start_child_workflow(
-            WorkerNodeWorkflow.run,
-            WorkerNodeInput(
-                slot=slot.spec,
-                policy=self._input.policy,
-                bmaas_task_queue=self._input.bmaas_task_queue,
-                parent_workflow_id=cluster_workflow_id(order),
-                revision=CURRENT_WORKER_REVISION,
-                progress=progress,
-            ),
-            id=self._child_id(slot),
-            # Children outlive a continue-as-new of this workflow; they talk to it by workflow id.
-            parent_close_policy=ParentClosePolicy.ABANDON,
-            search_attributes=worker_start_attributes(
-                order.key,
-                slot.spec.node_set,
-                slot.status.phase.value if restart else WorkerPhase.PROVISIONING.value,
-                slot.status.attempt_count if restart else 1,
-            ),
-            static_summary=f"Worker {slot.spec.name} ({slot.spec.instance_type}) of {order.key}",
-            static_details=(
-                f"Order: {order.key}\nNode set: {slot.spec.node_set}\nSlot: {slot.spec.name}\n"
-                f"Instance type: {slot.spec.instance_type}"
-            ),
-        )
+        self._starting.add(slot.spec.name)
+        try:
+            handle = await workflow.start_child_workflow(
+                WorkerNodeWorkflow.run,
+                WorkerNodeInput(
+                    slot=slot.spec,
+                    policy=self._input.policy,
+                    bmaas_task_queue=self._input.bmaas_task_queue,
+                    parent_workflow_id=cluster_workflow_id(order),
+                    revision=CURRENT_WORKER_REVISION,
+                    progress=progress,
+                ),
+                id=self._child_id(slot),
+                # Children outlive a continue-as-new of this workflow; they talk to it by workflow id.
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                search_attributes=worker_start_attributes(
+                    order.key,
+                    slot.spec.node_set,
+                    slot.status.phase.value if restart else WorkerPhase.PROVISIONING.value,
+                    slot.status.attempt_count if restart else 1,
+                ),
+                static_summary=f"Worker {slot.spec.name} ({slot.spec.instance_type}) of {order.key}",
+                static_details=(
+                    f"Order: {order.key}\nNode set: {slot.spec.node_set}\nSlot: {slot.spec.name}\n"
+                    f"Instance type: {slot.spec.instance_type}"
+                ),
+            )
+        finally:
+            self._starting.discard(slot.spec.name)
         if workflow.patched(ClusterPatch.TERMINATED_WORKERS_RESTARTED.value):
             self._watched.add(slot.spec.name)
             ended = asyncio.ensure_future(self._restart_if_terminated(slot, handle))
@@ -1362,11 +1368,15 @@ class ClusterWorkersWorkflow:
 
     def _earlier_before_ready(self) -> dict[str, int]:
         """The slots staying whose worker an earlier run started and that are not Ready (nor
-        leaving), with their last report's number."""
+        leaving: `_look_after_leavers` has those), with their last report's number."""
         return {
             s.spec.name: s.report_sequence
             for s in self._slots.values()
-            if _active(s) and s.status.phase != WorkerPhase.READY and s.spec.name not in self._watched
+            if _active(s)
+            and s.status.phase != WorkerPhase.READY
+            and s.status.phase not in LEAVING_PHASES
+            and s.spec.name not in self._watched
+            and s.spec.name not in self._starting
         }
 
     async def _look_after_earlier_workers(self) -> None:
@@ -1396,6 +1406,8 @@ class ClusterWorkersWorkflow:
                     summary=f"Check that {len(looked_up)} quiet worker(s) of an earlier run still run",
                 )
             except ActivityError as err:
+                if isinstance(err.cause, CancelledError):
+                    raise  # the run is ending
                 workflow.logger.warning("looking up the earlier run's workers failed: %s", err.cause or err)
                 continue
             # A tell may have started one again meanwhile: then this run watches it.

@@ -756,12 +756,16 @@ class WorkerNodeWorkflow:
 
     async def _instances_of_slot(self) -> list[WorkerInstance]:
         """The order's BMIs named after this slot, in any state."""
-        _progress, slot = self._state()
+        progress, slot = self._state()
         found = await self._bmaas(
             BmaasActivity.LIST_ORDER_INSTANCES,
-            ListOrderInstancesInput(order=slot.order),
+            ListOrderInstancesInput(order=slot.order, name=slot.name),
             OrderInstances,
-            summary=f"Look for a BMI of {slot.name} left by an interrupted create",
+            summary=(
+                f"Look for the BMIs of {slot.name} and their hosts' MACs"
+                if progress.restarted
+                else f"Look for a BMI of {slot.name} left by an interrupted create"
+            ),
         )
         return [bmi for bmi in found.instances if bmi.name == slot.name]
 

@@ -543,8 +543,10 @@ class BmaasActivities:
     @activity.defn
     @delivers_reports
     async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
-        """Every BMI of an order (any state, DELETING included), sorted by name."""
-        instances = [s.worker_instance() for s in await order_snapshots(self.client, req.order)]
+        """Every BMI of an order (any state, DELETING included), or only those named `req.name`,
+        sorted by name."""
+        snapshots = await order_snapshots(self.client, req.order)
+        instances = [s.worker_instance() for s in snapshots if req.name in (None, s.name)]
         return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
 
     @activity.defn

@@ -241,6 +241,13 @@ async def test_list_order_instances(harness: Harness) -> None:
     assert [i.name for i in listed.instances] == ["alpha-worker-0", "alpha-worker-1"]
     assert all(i.order_name == "alpha" and i.instance_type == "bm-standard" for i in listed.instances)
     assert all(i.state in set(BmiState) for i in listed.instances)
+    # Each with its NICs' MACs (a released slot's Agent registrations are found by them).
+    assert all(i.macs and i.macs == sorted(i.macs) for i in listed.instances)
+    one = await harness.run(
+        harness.acts.list_order_instances,
+        ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="alpha"), name="alpha-worker-1"),
+    )
+    assert [i.name for i in one.instances] == ["alpha-worker-1"]
 
 
 async def test_find_lost_instances_names_failed_deleted_and_gone_bmis_only(harness: Harness) -> None:

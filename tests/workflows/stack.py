@@ -349,5 +349,8 @@ async def replay_clean(histories: Iterable[WorkflowHistory]) -> None:
     replayer = Replayer(
         workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
     )
+    replayed = 0
     for history in histories:
         await replayer.replay_workflow(history)
+        replayed += 1
+    assert replayed, "no history to replay"

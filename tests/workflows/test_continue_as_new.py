@@ -13,11 +13,19 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
+from contracts.activities import HubActivity
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
-from tests.workflows.stack import QUICK_RESTARTS, Stack, eventually, replay_clean, running_stack
+from tests.workflows.stack import (
+    QUICK_RESTARTS,
+    Stack,
+    eventually,
+    replay_clean,
+    running_stack,
+    scheduled_activities,
+)
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
@@ -183,6 +191,8 @@ async def test_a_worker_of_an_earlier_run_terminated_before_it_is_ready_is_found
         return status.ready_workers == 1 and [w.name for w in status.workers] == [order.worker_name(1)]
 
     await eventually(replaced, f"{first} found stopped, released and replaced", timeout=120)
+    cluster_runs = [h for h in await stack.histories(order) if h.workflow_id == cluster_id]
+    assert any(HubActivity.FIND_STOPPED_WORKERS in scheduled_activities(h.events) for h in cluster_runs)
     latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
     assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
     assert held.resource_id in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}

@@ -26,7 +26,7 @@ class Holds:
             await workflow.wait_condition(lambda: False)
 
 
-async def test_terminated_timed_out_and_deleted_workers_are_stopped_and_no_others(
+async def test_terminated_and_deleted_workers_are_stopped_and_no_others(
     temporal_env: WorkflowEnvironment,
 ) -> None:
     client = temporal_env.client
@@ -68,4 +68,5 @@ async def test_terminated_timed_out_and_deleted_workers_are_stopped_and_no_other
             FindStoppedWorkersInput(workflow_ids=list(ids.values())),
         )
         await handles["running"].terminate(reason="cleanup")
-    assert found.workflow_ids == sorted([ids["terminated"], ids["timed-out"], ids["never-started"]])
+    # A worker is started with no timeout, so one that timed out was not ours: left alone.
+    assert found.workflow_ids == sorted([ids["terminated"], ids["never-started"]])
