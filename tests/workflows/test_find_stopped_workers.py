@@ -6,12 +6,16 @@ import asyncio
 import uuid
 from datetime import timedelta
 
+from google.protobuf.message import Message
 from temporalio import workflow
+from temporalio.api.common.v1 import GrpcStatus
+from temporalio.api.errordetails.v1 import NamespaceNotFoundFailure, NotFoundFailure
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.workflows import WorkflowActivities
+from activities.workflows import WorkflowActivities, _workflow_not_found
 from contracts.workflows import FindStoppedWorkersInput, StoppedWorkers
 from tests.workflows.stack import eventually
 
@@ -70,3 +74,19 @@ async def test_terminated_and_deleted_workers_are_stopped_and_no_others(
         await handles["running"].terminate(reason="cleanup")
     # A worker is started with no timeout, so one that timed out was not ours: left alone.
     assert found.workflow_ids == sorted([ids["terminated"], ids["never-started"]])
+
+
+def _not_found(*details: Message) -> RPCError:
+    status = GrpcStatus(code=RPCStatusCode.NOT_FOUND.value, message="not found")
+    for detail in details:
+        status.details.add().Pack(detail)
+    return RPCError("not found", RPCStatusCode.NOT_FOUND, status.SerializeToString())
+
+
+def test_only_temporals_own_workflow_not_found_counts_as_deleted() -> None:
+    """An unknown namespace, or a proxy's bare 404, says nothing about the worker: taken for a
+    deleted worker, it would have a live worker's host released."""
+    assert _workflow_not_found(_not_found(NotFoundFailure()))
+    assert not _workflow_not_found(_not_found(NamespaceNotFoundFailure(namespace="default")))
+    assert not _workflow_not_found(_not_found())
+    assert not _workflow_not_found(RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b""))

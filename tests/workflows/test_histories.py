@@ -30,6 +30,7 @@ from tests.workflows.stack import (
     running_stack,
     scheduled_activities,
 )
+from workflows.cluster_workers import ClusterPatch
 
 HISTORIES = Path(__file__).parent / "histories"
 REGRESSIONS = HISTORIES / "regressions"
@@ -184,6 +185,24 @@ async def test_the_cluster_status_is_written_by_local_activities(
         and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
     ]
     assert local and set(local) == {HubActivity.PUBLISH_ORDER_STATUS.value}
+
+
+async def test_an_order_that_never_continued_as_new_never_looks_up_earlier_workers(
+    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
+) -> None:
+    """Only the workers of an earlier run of the order are looked up. The lifecycle's order never
+    continued as new, so its run never woke the look (its patch is the first thing it records): a
+    worker whose start is not yet confirmed is this run's, not an earlier one's."""
+    _, histories, _ = lifecycle
+    cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
+    patches = {
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
+        for e in cluster.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    }
+    assert ClusterPatch.TERMINATED_WORKERS_RESTARTED.value in patches
+    assert ClusterPatch.EARLIER_WORKERS_LOOKED_AFTER.value not in patches
 
 
 async def test_status_changes_are_written_without_waiting_on_a_timer(
