@@ -22,15 +22,15 @@ from typing import Any, TypeVar
 import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.worker import Replayer
 
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
-from contracts.worker import TimingPolicy
-from contracts.workflows import NodeSetRequest
+from contracts.worker import TimingPolicy, WorkerPhase, WorkerStatus
+from contracts.workflows import NodeSetRequest, worker_workflow_id
 from lab import admin as lab_admin
 from lab.fulfillment.testing import RunningFulfillmentTwin, start_fulfillment_twin
 from lab.fulfillment.timings import Timings
@@ -274,6 +274,37 @@ class Stack:
             return status if status.ready_workers == ready and status.current_workers == ready else None
 
         return await eventually(probe, f"{ready} ready workers of {order.key}", timeout)
+
+    async def wait_worker_phase(self, order: OrderRef, name: str, phase: WorkerPhase) -> WorkerStatus:
+        async def in_phase() -> WorkerStatus | None:
+            worker = {w.name: w for w in (await self.api.status(order)).workers}.get(name)
+            return worker if worker and worker.phase == phase else None
+
+        found: WorkerStatus = await eventually(in_phase, f"{name} {phase.value}")
+        return found
+
+    async def terminate_worker(self, order: OrderRef, name: str) -> str:
+        """Terminate the worker's workflow as an operator would (the Web UI); the run id stopped."""
+        handle = self.client.get_workflow_handle(worker_workflow_id(order, name))
+        run_id = (await handle.describe()).run_id
+        assert run_id is not None
+        await handle.terminate(reason="test")
+        return run_id
+
+    async def wait_terminated_worker_replaced(
+        self, order: OrderRef, name: str, stopped_run: str, held_bmi: str | None, replacement: str
+    ) -> None:
+        """The terminated worker started again, its host released (wiped), and `replacement` Ready
+        in its place (an order of one worker)."""
+
+        async def replaced() -> bool:
+            status = await self.api.status(order)
+            return status.ready_workers == 1 and [w.name for w in status.workers] == [replacement]
+
+        await eventually(replaced, f"{name} started again, released and replaced", timeout=120)
+        latest = await self.client.get_workflow_handle(worker_workflow_id(order, name)).describe()
+        assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+        assert held_bmi in {r["bmi_id"] for r in await self.audit() if r["kind"] == "WIPE_FINISHED"}
 
     async def decommission_and_wait(self, order: OrderRef, timeout: float = 180.0) -> Any:
         await self.api.decommission(order)

@@ -165,13 +165,7 @@ async def test_a_worker_of_an_earlier_run_terminated_before_it_is_ready_is_found
         await stack.apply(order, {"bm-standard": 1}, api)
         first = order.worker_name(0)
         cluster_id = cluster_workflow_id(order)
-
-        async def waiting_for_its_agent() -> WorkerStatus | None:
-            workers = {w.name: w for w in (await stack.api.status(order)).workers}
-            worker = workers.get(first)
-            return worker if worker and worker.phase == WorkerPhase.WAITING_FOR_AGENT else None
-
-        held = await eventually(waiting_for_its_agent, f"{first} waiting for its Agent")
+        held = await stack.wait_worker_phase(order, first, WorkerPhase.WAITING_FOR_AGENT)
 
         async def cluster_continued() -> bool:
             if WorkflowExecutionStatus.CONTINUED_AS_NEW in await _runs(stack, cluster_id):
@@ -180,22 +174,14 @@ async def test_a_worker_of_an_earlier_run_terminated_before_it_is_ready_is_found
             return False
 
         await eventually(cluster_continued, "the cluster workflow to continue as new")
-        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, first))
-        stopped_run = (await stopped.describe()).run_id
-        await stopped.terminate(reason="test")
+        stopped_run = await stack.terminate_worker(order, first)
     finally:
         await stack.clear_agent_faults()
-
-    async def replaced() -> bool:
-        status = await stack.api.status(order)
-        return status.ready_workers == 1 and [w.name for w in status.workers] == [order.worker_name(1)]
-
-    await eventually(replaced, f"{first} found stopped, released and replaced", timeout=120)
+    await stack.wait_terminated_worker_replaced(
+        order, first, stopped_run, held.resource_id, replacement=order.worker_name(1)
+    )
     cluster_runs = [h for h in await stack.histories(order) if h.workflow_id == cluster_id]
     assert any(HubActivity.FIND_STOPPED_WORKERS in scheduled_activities(h.events) for h in cluster_runs)
-    latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
-    assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
-    assert held.resource_id in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []

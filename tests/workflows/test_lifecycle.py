@@ -703,27 +703,13 @@ async def test_a_worker_terminated_before_it_is_ready_releases_its_host_and_is_r
         order = await stack.create_order({"bm-standard": 1})
         await stack.apply(order, {"bm-standard": 1}, api)
         first = order.worker_name(0)
-
-        async def waiting_for_its_agent() -> WorkerStatus | None:
-            workers = {w.name: w for w in (await stack.api.status(order)).workers}
-            worker = workers.get(first)
-            return worker if worker and worker.phase == WorkerPhase.WAITING_FOR_AGENT else None
-
-        held = await eventually(waiting_for_its_agent, f"{first} waiting for its Agent")
-        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, first))
-        stopped_run = (await stopped.describe()).run_id
-        await stopped.terminate(reason="test")
+        held = await stack.wait_worker_phase(order, first, WorkerPhase.WAITING_FOR_AGENT)
+        stopped_run = await stack.terminate_worker(order, first)
     finally:
         await stack.clear_agent_faults()
-
-    async def replaced() -> bool:
-        status = await stack.api.status(order)
-        return status.ready_workers == 1 and [w.name for w in status.workers] == [order.worker_name(1)]
-
-    await eventually(replaced, f"{first} released and replaced", timeout=120)
-    latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
-    assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
-    assert held.resource_id in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    await stack.wait_terminated_worker_replaced(
+        order, first, stopped_run, held.resource_id, replacement=order.worker_name(1)
+    )
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.agents(order.namespace) == []
@@ -748,9 +734,7 @@ async def test_a_worker_terminated_as_its_agent_registers_leaves_no_registration
             return str(agents[0]["metadata"]["name"]) if agents else None
 
         registration = await eventually(registered, f"the Agent of {first}'s host registered")
-        stopped = stack.client.get_workflow_handle(worker_workflow_id(order, first))
-        stopped_run = (await stopped.describe()).run_id
-        await stopped.terminate(reason="test")
+        stopped_run = await stack.terminate_worker(order, first)
 
         async def released() -> bool:
             latest = await stack.client.get_workflow_handle(worker_workflow_id(order, first)).describe()
