@@ -686,11 +686,25 @@ class AssistedActivities:
 
     @activity.defn(name=HubActivity.DELETE_INFRAENV.value)
     async def delete_infraenv(self, ref: InfraEnvRef) -> DeleteInfraEnvResult:
-        """Delete the InfraEnv and its pull-secret Secret; NotFound counts as success."""
+        """Delete the InfraEnv and its pull-secret Secret; NotFound counts as success. Called once
+        every host of the order is released and wiped: the InfraEnv's unclaimed Agents go first (a
+        registration that arrived after its worker's release, which no worker looks for any more),
+        so no record of a wiped host stays on the hub. A claimed or handed one is left, and logged."""
+        agents = await self._release_unclaimed(ref, order=None, macs=None, worker=None)
+        if agents.kept:
+            activity.logger.warning(
+                "InfraEnv %s/%s: Agent(s) %s still claimed or handed, left on the hub",
+                ref.namespace,
+                ref.name,
+                ", ".join(agents.kept),
+            )
         infraenv_deleted = await self._kube.delete(INFRA_ENVS, ref.namespace, ref.name)
         secret_deleted = await self._kube.delete(SECRETS, ref.namespace, ref.pull_secret_name)
         return DeleteInfraEnvResult(
-            infraenv_already_gone=not infraenv_deleted, secret_already_gone=not secret_deleted
+            infraenv_already_gone=not infraenv_deleted,
+            secret_already_gone=not secret_deleted,
+            agents_deleted=agents.deleted,
+            agents_kept=agents.kept,
         )
 
     # -- the IgnitionSource of the BMaaS activities -----------------------------------------
@@ -1475,7 +1489,15 @@ class AssistedActivities:
         Agent that registered after its worker stopped waiting), so a wiped host leaves nothing behind.
         Agents that are approved, bound or handed to a worker are never touched; those handed to the
         releasing worker (`input.worker`) are returned in `handed`, for the workflow to unbind."""
-        ref, wanted = input.infraenv, set(input.macs)
+        return await self._release_unclaimed(
+            input.infraenv, order=input.order, macs=set(input.macs), worker=input.worker
+        )
+
+    async def _release_unclaimed(
+        self, ref: InfraEnvRef, *, order: OrderRef | None, macs: set[str] | None, worker: str | None
+    ) -> ReleasedAgents:
+        """Delete the InfraEnv's unclaimed Agents: those reporting one of `macs` (None: all), not
+        labelled for another order than `order`. See release_stale_agents."""
         listing = await self._kube.list_current(
             AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
         )
@@ -1484,11 +1506,11 @@ class AssistedActivities:
         def verdict(agent: KubeObject) -> list[str] | None:
             """Where the Agent goes in `result`; None: not ours to judge (skipped)."""
             labels = labels_of(agent)
-            if meta(agent).get("deletionTimestamp") or not agent_macs(agent) & wanted:
+            if meta(agent).get("deletionTimestamp") or (macs is not None and not agent_macs(agent) & macs):
                 return None
-            if labels.get(ORDER_LABEL, input.order.name) != input.order.name:
+            if order is not None and labels.get(ORDER_LABEL, order.name) != order.name:
                 return None
-            if input.worker is not None and handed_to(agent, input.worker):
+            if worker is not None and handed_to(agent, worker):
                 return result.handed
             spec = agent.get("spec") or {}
             if spec.get("approved") or spec.get("clusterDeploymentName") or WORKER_LABEL in labels:

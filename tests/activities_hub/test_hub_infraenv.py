@@ -477,3 +477,21 @@ async def test_delete_infraenv_removes_both_and_tolerates_absence(api, api_assis
     assert api.get("InfraEnv", ref.name) is None and api.get("Secret", ref.pull_secret_name) is None
     second = await kit.run()(api_assisted.delete_infraenv, ref)
     assert second.infraenv_already_gone and second.secret_already_gone
+
+
+async def test_delete_infraenv_deletes_its_unclaimed_agents_first(api, api_assisted, kit):
+    """At the end of a decommission every host is wiped: a registration no worker looked for (it
+    came after its worker's release) goes with the InfraEnv. One claimed by a cluster, or approved,
+    is left and named; another InfraEnv's Agents are not touched."""
+    api.order()
+    ref = (await kit.run()(api_assisted.ensure_infraenv, order_ref(api))).infraenv
+    api.agent("late", kit.random_macs(2), infraenv=ref.name)
+    api.agent("approved", kit.random_macs(2), infraenv=ref.name, approved=True)
+    api.agent("bound", kit.random_macs(2), infraenv=ref.name)
+    api.patch("Agent", "bound", {"spec": {"clusterDeploymentName": {"name": "c", "namespace": api.ns}}})
+    api.agent("elsewhere", kit.random_macs(2), infraenv="another-infraenv")
+    deleted = await kit.run()(api_assisted.delete_infraenv, ref)
+    assert deleted.agents_deleted == ["late"] and deleted.agents_kept == ["approved", "bound"]
+    assert api.get("Agent", "late") is None
+    assert all(api.get("Agent", name) is not None for name in ("approved", "bound", "elsewhere"))
+    assert api.get("InfraEnv", ref.name) is None
