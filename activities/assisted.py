@@ -50,6 +50,7 @@ from activities.kube import (
     NODE_POOLS,
     SECRETS,
     HubAlreadyExists,
+    HubApiError,
     HubConflict,
     HubKube,
     HubNotFound,
@@ -689,11 +690,26 @@ class AssistedActivities:
         """Delete the InfraEnv and its pull-secret Secret; NotFound counts as success. Called once
         every host of the order is released and wiped: the InfraEnv's unclaimed Agents go first (a
         registration that arrived after its worker's release, which no worker looks for any more),
-        so no record of a wiped host stays on the hub. A claimed or handed one is left, and logged."""
-        agents = await self._release_unclaimed(ref, order=None, macs=None, worker=None)
-        if agents.kept:
+        so no record of a wiped host stays on the hub. An approved, claimed or handed one is left,
+        and logged. The sweep is best effort: refused for good, it is logged and the InfraEnv is
+        deleted all the same, as before the sweep existed."""
+        try:
+            agents: ReleasedAgents | None = await self._release_unclaimed(
+                ref, order=ref.order, macs=None, worker=None
+            )
+        except HubApiError as err:
+            if not err.non_retryable:
+                raise
             activity.logger.warning(
-                "InfraEnv %s/%s: Agent(s) %s still claimed or handed, left on the hub",
+                "InfraEnv %s/%s: its Agents could not be swept (%s); deleting it all the same",
+                ref.namespace,
+                ref.name,
+                err.message,
+            )
+            agents = None
+        if agents is not None and agents.kept:
+            activity.logger.warning(
+                "InfraEnv %s/%s: Agent(s) %s still approved, claimed or handed, left on the hub",
                 ref.namespace,
                 ref.name,
                 ", ".join(agents.kept),
@@ -703,8 +719,9 @@ class AssistedActivities:
         return DeleteInfraEnvResult(
             infraenv_already_gone=not infraenv_deleted,
             secret_already_gone=not secret_deleted,
-            agents_deleted=agents.deleted,
-            agents_kept=agents.kept,
+            agents_swept=agents is not None,
+            agents_deleted=agents.deleted if agents else [],
+            agents_kept=agents.kept if agents else [],
         )
 
     # -- the IgnitionSource of the BMaaS activities -----------------------------------------

@@ -680,7 +680,9 @@ class DeleteResult(BaseModel):
 class DeleteInfraEnvResult(BaseModel):
     infraenv_already_gone: bool
     secret_already_gone: bool
-    # The InfraEnv's unclaimed Agents deleted first, and the claimed or handed ones left (by name).
+    # Whether the InfraEnv's Agents were swept first (False: the hub refused it for good); the
+    # unclaimed ones this attempt deleted, and the approved, claimed or handed ones left (by name).
+    agents_swept: bool = False
     agents_deleted: list[str] = Field(default_factory=list)
     agents_kept: list[str] = Field(default_factory=list)
 

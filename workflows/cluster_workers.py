@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from enum import StrEnum
@@ -256,7 +257,9 @@ class ClusterWorkersWorkflow:
         # The slots whose worker this run started (it sees their end); the others' workers were
         # started by an earlier run and are looked up instead (`_look_after_earlier_workers`).
         self._watched: set[str] = set()
-        self._starting: set[str] = set()  # their start not yet confirmed: not an earlier run's either
+        # Starts not yet confirmed, per slot (a tell and a look-up may start one at once): those
+        # slots are this run's, not an earlier run's.
+        self._starting: Counter[str] = Counter()
         # Per such slot not yet Ready: how many looks in a row found it quiet.
         self._earlier_quiet_looks: dict[str, int] = {}
 
@@ -1038,7 +1041,7 @@ class ClusterWorkersWorkflow:
         )
         slot = SlotRecord(spec=spec, status=WorkerStatus(node_set=node_set.name, name=spec.name))
         self._slots[spec.name] = slot
-        self._starting.add(spec.name)  # until `_start_child` has started it
+        self._starting[spec.name] += 1  # until `_start_child` has started it
         return slot
 
     async def _start_new_child(self, slot: SlotRecord) -> None:
@@ -1087,7 +1090,8 @@ class ClusterWorkersWorkflow:
             if restart
             else None
         )
-        self._starting.add(slot.spec.name)
+        if restart:  # a new slot counts from `_new_slot` on
+            self._starting[slot.spec.name] += 1
         try:
             handle = await workflow.start_child_workflow(
                 WorkerNodeWorkflow.run,
@@ -1115,7 +1119,9 @@ class ClusterWorkersWorkflow:
                 ),
             )
         finally:
-            self._starting.discard(slot.spec.name)
+            self._starting[slot.spec.name] -= 1
+            if self._starting[slot.spec.name] <= 0:
+                del self._starting[slot.spec.name]
         if workflow.patched(ClusterPatch.TERMINATED_WORKERS_RESTARTED.value):
             self._watched.add(slot.spec.name)
             ended = asyncio.ensure_future(self._restart_if_terminated(slot, handle))

@@ -16,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.assisted import AssistedActivities, pull_secret_problem
 from activities.kube import INFRA_ENVS, condition
-from contracts.hub import HubErrorType, InfraEnvRef
+from contracts.hub import ORDER_LABEL, WORKER_LABEL, HubErrorType, InfraEnvRef
 from contracts.refs import OrderRef
 from lab.http_server import ThreadedServer
 
@@ -489,9 +489,31 @@ async def test_delete_infraenv_deletes_its_unclaimed_agents_first(api, api_assis
     api.agent("approved", kit.random_macs(2), infraenv=ref.name, approved=True)
     api.agent("bound", kit.random_macs(2), infraenv=ref.name)
     api.patch("Agent", "bound", {"spec": {"clusterDeploymentName": {"name": "c", "namespace": api.ns}}})
+    api.agent("handed", kit.random_macs(2), infraenv=ref.name, labels={WORKER_LABEL: "order-1-worker-0"})
+    api.agent_registered("no-inventory-yet", infraenv=ref.name)
+    api.agent("other-order", kit.random_macs(2), infraenv=ref.name, labels={ORDER_LABEL: "order-2"})
     api.agent("elsewhere", kit.random_macs(2), infraenv="another-infraenv")
     deleted = await kit.run()(api_assisted.delete_infraenv, ref)
-    assert deleted.agents_deleted == ["late"] and deleted.agents_kept == ["approved", "bound"]
-    assert api.get("Agent", "late") is None
-    assert all(api.get("Agent", name) is not None for name in ("approved", "bound", "elsewhere"))
+    assert deleted.agents_swept
+    assert deleted.agents_deleted == ["late", "no-inventory-yet"]
+    assert deleted.agents_kept == ["approved", "bound", "handed"]
+    assert api.get("Agent", "late") is None and api.get("Agent", "no-inventory-yet") is None
+    for name in ("approved", "bound", "handed", "other-order", "elsewhere"):
+        assert api.get("Agent", name) is not None, name
     assert api.get("InfraEnv", ref.name) is None
+
+
+async def test_delete_infraenv_refused_its_agents_still_deletes_the_infraenv(api, api_assisted, kit):
+    """The sweep is best effort: a hub that refuses the Agents' list for good (a role a rollout
+    forgot) still has the InfraEnv and its Secret deleted, as before the sweep existed."""
+    api.order()
+    ref = (await kit.run()(api_assisted.ensure_infraenv, order_ref(api))).infraenv
+    api.agent("late", kit.random_macs(2), infraenv=ref.name)
+    api.set_faults({"errors": [{"code": 403, "verbs": ["list"], "resources": ["agents"]}]})
+    try:
+        deleted = await kit.run()(api_assisted.delete_infraenv, ref)
+    finally:
+        api.clear_faults()
+    assert not deleted.agents_swept and deleted.agents_deleted == []
+    assert api.get("InfraEnv", ref.name) is None and api.get("Secret", ref.pull_secret_name) is None
+    assert api.get("Agent", "late") is not None

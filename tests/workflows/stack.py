@@ -302,8 +302,12 @@ class Stack:
             return status.ready_workers == 1 and [w.name for w in status.workers] == [replacement]
 
         await eventually(replaced, f"{name} started again, released and replaced", timeout=120)
-        latest = await self.client.get_workflow_handle(worker_workflow_id(order, name)).describe()
-        assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+
+        async def completed() -> bool:  # its last report goes out a workflow task before its end
+            latest = await self.client.get_workflow_handle(worker_workflow_id(order, name)).describe()
+            return latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
+
+        await eventually(completed, f"the restarted run of {name} completed")
         assert held_bmi in {r["bmi_id"] for r in await self.audit() if r["kind"] == "WIPE_FINISHED"}
 
     async def decommission_and_wait(self, order: OrderRef, timeout: float = 180.0) -> Any:
