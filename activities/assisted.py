@@ -720,8 +720,8 @@ class AssistedActivities:
             infraenv_already_gone=not infraenv_deleted,
             secret_already_gone=not secret_deleted,
             agents_swept=agents is not None,
-            agents_deleted=agents.deleted if agents else [],
-            agents_kept=agents.kept if agents else [],
+            agents_deleted=agents.deleted if agents is not None else [],
+            agents_kept=agents.kept if agents is not None else [],
         )
 
     # -- the IgnitionSource of the BMaaS activities -----------------------------------------

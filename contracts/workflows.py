@@ -346,8 +346,8 @@ class FindStoppedWorkersInput(BaseModel):
 
 
 class StoppedWorkers(BaseModel):
-    """Of the ids asked about, those whose latest run was stopped from outside (terminated, timed
-    out) or that no longer exist (deleted): nobody would ever release what they held."""
+    """Of the ids asked about, those whose latest run was terminated from outside or that no longer
+    exist (deleted): nobody would ever release what they held."""
 
     workflow_ids: list[str]
 

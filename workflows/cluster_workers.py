@@ -1417,10 +1417,11 @@ class ClusterWorkersWorkflow:
                 workflow.logger.warning("looking up the earlier run's workers failed: %s", err.cause or err)
                 continue
             # A tell may have started one again meanwhile: then this run watches it.
+            still_earlier = self._earlier_before_ready()
             restarted = [
                 self._slots[looked_up[workflow_id]]
                 for workflow_id in stopped.workflow_ids
-                if looked_up[workflow_id] in self._earlier_before_ready()
+                if looked_up[workflow_id] in still_earlier
             ]
             await asyncio.gather(*(self._restart_stopped(slot) for slot in restarted))
 

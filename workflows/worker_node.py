@@ -767,6 +767,7 @@ class WorkerNodeWorkflow:
                 else f"Look for a BMI of {slot.name} left by an interrupted create"
             ),
         )
+        # Filtered here too: an activity worker older than the `name` filter returns every BMI.
         return [bmi for bmi in found.instances if bmi.name == slot.name]
 
     # ------------------------------------------------------------------------------- helpers

@@ -302,6 +302,12 @@ class Stack:
             return status.ready_workers == 1 and [w.name for w in status.workers] == [replacement]
 
         await eventually(replaced, f"{name} started again, released and replaced", timeout=120)
+        await self.wait_restarted_run_released(order, name, stopped_run, held_bmi)
+
+    async def wait_restarted_run_released(
+        self, order: OrderRef, name: str, stopped_run: str, held_bmi: str | None
+    ) -> None:
+        """A run of the worker after `stopped_run` completed, and `held_bmi` was wiped."""
 
         async def completed() -> bool:  # its last report goes out a workflow task before its end
             latest = await self.client.get_workflow_handle(worker_workflow_id(order, name)).describe()

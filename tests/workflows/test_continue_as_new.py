@@ -133,9 +133,7 @@ async def test_a_worker_of_an_earlier_run_terminated_from_outside_is_restarted_w
 
     await eventually(cluster_continued, "the cluster workflow to continue as new")
     leaving, staying = order.worker_name(0), order.worker_name(1)
-    stopped = stack.client.get_workflow_handle(worker_workflow_id(order, leaving))
-    stopped_run = (await stopped.describe()).run_id
-    await stopped.terminate(reason="test")
+    stopped_run = await stack.terminate_worker(order, leaving)
     await stack.api.scale_down_worker(order, leaving)
 
     async def released() -> bool:
@@ -143,9 +141,7 @@ async def test_a_worker_of_an_earlier_run_terminated_from_outside_is_restarted_w
         return [w.name for w in status.workers] == [staying] and status.ready_workers == 1
 
     await eventually(released, f"{leaving} started again and released")
-    latest = await stack.client.get_workflow_handle(worker_workflow_id(order, leaving)).describe()
-    assert latest.run_id != stopped_run and latest.status == WorkflowExecutionStatus.COMPLETED
-    assert before[leaving] in {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
+    await stack.wait_restarted_run_released(order, leaving, stopped_run, before[leaving])
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
