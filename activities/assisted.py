@@ -207,17 +207,22 @@ def handed_to(agent: KubeObject, worker: str) -> bool:
     return any(_hand_off_marks(agent)) and not handed_elsewhere(agent, worker)
 
 
+def created_at(obj: KubeObject) -> datetime | None:
+    """The hub's `creationTimestamp` (whole seconds), None when absent or unreadable."""
+    created = meta(obj).get("creationTimestamp")
+    if not isinstance(created, str):
+        return None
+    try:
+        return datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
     """Registered moments ago and not reporting its interfaces yet (assisted-service writes the
     inventory right after creating the Agent). Older inventory-less Agents are not waited for."""
-    created = meta(agent).get("creationTimestamp")
-    if not isinstance(created, str):
-        return False
-    try:
-        at = datetime.fromisoformat(created.replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    return (now or datetime.now(UTC)) - at < INVENTORY_GRACE
+    at = created_at(agent)
+    return at is not None and (now or datetime.now(UTC)) - at < INVENTORY_GRACE
 
 
 def agent_state(agent: KubeObject) -> str | None:
@@ -1402,12 +1407,14 @@ class AssistedActivities:
         await annotate_machine(self._kube, input.agent, current)
         await self._mark_removing(input.agent, current)
         await sync_replicas(self._kube, input.nodepool)
-        await self.wait_agent_unbound(
+        unbound = await self.wait_agent_unbound(
             WaitAgentUnboundInput(agent=input.agent, deadline=input.deadline, nodepool=input.nodepool)
         )
-        return await self.release_agent(
+        released = await self.release_agent(
             ReleaseAgentInput(agent=input.agent, infraenv=input.infraenv, order=input.order, macs=input.macs)
         )
+        released.host_may_register = unbound.state not in DISK_BOOTED_STATES
+        return released
 
     @activity.defn(name=HubActivity.RELEASE_AGENT.value)
     @refusals_retried
@@ -1460,6 +1467,7 @@ class AssistedActivities:
             return result.deleted
 
         current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
+        result.host_may_register = current is None or agent_state(current) not in DISK_BOOTED_STATES
         # Gone already: NotFound counts as success.
         where = await self._delete_as_judged(ref, current, judge, result, gone=result.deleted)
         return where if where is not None else result.deleted
@@ -1507,14 +1515,25 @@ class AssistedActivities:
         Agents that are approved, bound or handed to a worker are never touched; those handed to the
         releasing worker (`input.worker`) are returned in `handed`, for the workflow to unbind."""
         return await self._release_unclaimed(
-            input.infraenv, order=input.order, macs=set(input.macs), worker=input.worker
+            input.infraenv,
+            order=input.order,
+            macs=set(input.macs),
+            worker=input.worker,
+            registered_before=input.registered_before,
         )
 
     async def _release_unclaimed(
-        self, ref: InfraEnvRef, *, order: OrderRef | None, macs: set[str] | None, worker: str | None
+        self,
+        ref: InfraEnvRef,
+        *,
+        order: OrderRef | None,
+        macs: set[str] | None,
+        worker: str | None,
+        registered_before: datetime | None = None,
     ) -> ReleasedAgents:
         """Delete the InfraEnv's unclaimed Agents: those reporting one of `macs` (None: all), not
-        labelled for another order than `order`. See release_stale_agents."""
+        labelled for another order than `order`, created wholly before `registered_before` when it
+        is given. See release_stale_agents."""
         listing = await self._kube.list_current(
             AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
         )
@@ -1527,6 +1546,10 @@ class AssistedActivities:
                 return None
             if order is not None and labels.get(ORDER_LABEL, order.name) != order.name:
                 return None
+            if registered_before is not None:
+                created = created_at(agent)
+                if created is None or created + timedelta(seconds=1) > registered_before:
+                    return None  # maybe the host's registration for the BMI it was given next
             if worker is not None and handed_to(agent, worker):
                 return result.handed
             spec = agent.get("spec") or {}
@@ -1551,6 +1574,10 @@ class AssistedActivities:
 
 
 UNBINDING_STATES = frozenset({AgentState.UNBINDING, AgentState.UNBINDING_PENDING_USER_ACTION})
+# The host booted its installed disk: no discovery agent runs on it to register again.
+DISK_BOOTED_STATES: frozenset[str | None] = frozenset(
+    {AgentState.ADDED_TO_EXISTING_CLUSTER, AgentState.UNBINDING_PENDING_USER_ACTION}
+)
 
 
 def pull_secret_problem(text: str) -> str | None:

@@ -208,6 +208,9 @@ class InstanceGone(BaseModel):
     bmi_id: str
     # Whether the wipe was seen stuck at some point during the wait (it finished in the end).
     was_stuck: bool = False
+    # When the activity saw it gone (its clock): the host registers nothing after that, and only
+    # after that can it be another BMI's. None from activity workers older than this field.
+    gone_at: datetime | None = None
 
 
 class WaitProgress(BaseModel):

@@ -622,6 +622,9 @@ class ReleaseStaleAgentsInput(BaseModel):
     order: OrderRef
     macs: list[str] = Field(min_length=1)
     worker: str | None = None  # as in ReleaseAgentInput
+    # Only Agents the hub created wholly before this (its timestamps have whole seconds): the host,
+    # wiped by then, may since have been given to another BMI of the order and registered for it.
+    registered_before: datetime | None = None
 
     @field_validator("macs")
     @classmethod
@@ -670,6 +673,10 @@ class ReleasedAgents(BaseModel):
     kept: list[str] = Field(default_factory=list)
     # Agents handed to the releasing worker (ReleaseAgentInput.worker): left for its unbind.
     handed: list[str] = Field(default_factory=list)
+    # Whether the released host may still register until it is wiped: none of its Agents was seen
+    # booted from its disk, so it may run the discovery image, whose agent registers again when its
+    # Agent is deleted (or only now). True when unknown: a result from before this field, say.
+    host_may_register: bool = True
 
 
 class DeleteResult(BaseModel):

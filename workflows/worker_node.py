@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         NodePoolRef,
         ReleaseAgentInput,
         ReleasedAgents,
+        ReleaseStaleAgentsInput,
         UnbindAgentInput,
         WaitAgentInstalledInput,
         WaitAndHandAgentInput,
@@ -111,6 +112,10 @@ class WorkerPatch(StrEnum):
     # an Agent that registered but was not handed over yet (the stopped run's wait was matching it)
     # is deleted with its host instead of staying on the hub.
     RESTARTED_RELEASE_FINDS_REGISTRATIONS = "restarted-release-finds-registrations"
+    # A host that may run the discovery image when its Agent is released registers again (its agent
+    # restarts when the Agent is deleted) until BMaaS powers it off: its registrations are deleted
+    # once more after the wipe, instead of staying on the hub until the decommission's sweep.
+    REGISTRATIONS_SWEPT_AFTER_WIPE = "registrations-swept-after-wipe"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -623,8 +628,10 @@ class WorkerNodeWorkflow:
         agent = self._agent_ref() if progress.agent_name is not None else None
         if agent is not None and progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.UNBINDING)
+        may_register = False  # no Agent release: no host known to have booted
         if agent is not None and progress.agent_handed:
-            await self._unbind(agent)  # deletes the Agent and stale registrations once unbound
+            # Deletes the Agent and stale registrations once unbound.
+            may_register = (await self._unbind(agent)).host_may_register
             progress.agent_name = None
             progress.agent_handed = False
         elif agent is not None or progress.macs or progress.restarted:
@@ -643,23 +650,34 @@ class WorkerNodeWorkflow:
             )
             progress.agent_name = None
             progress.agent_handed = False
+            may_register = released.host_may_register
             for name in released.handed:
                 # Handed by a wait that was cancelled before it could say so: unbound like any other.
                 if progress.status.phase != WorkerPhase.FAILED:
                     self._set_phase(WorkerPhase.UNBINDING)
-                await self._unbind(AgentRef(namespace=slot.order.namespace, name=name))
+                unbound = await self._unbind(AgentRef(namespace=slot.order.namespace, name=name))
+                may_register = may_register and unbound.host_may_register
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot(listed)
+        wiped_by: datetime | None = None
         for bmi_id in bmi_ids:
-            await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
+            gone = await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
+            wiped_by = gone.gone_at or workflow.now()
+        if (
+            may_register
+            and wiped_by is not None
+            and progress.macs
+            and workflow.patched(WorkerPatch.REGISTRATIONS_SWEPT_AFTER_WIPE.value)
+        ):
+            await self._sweep_registrations_after_wipe(wiped_by)
         progress.bmi_id = None
         progress.macs = []
         progress.agent_deadline = None
         progress.status.resource_id = None
         progress.restarted = False  # whatever the stopped run held is released now
 
-    async def _wait_gone(self, bmi_id: str, last_of_slot: bool) -> None:
+    async def _wait_gone(self, bmi_id: str, last_of_slot: bool) -> InstanceGone:
         """Block until BMaaS confirms the host is wiped and released. A wipe that takes too long is
         made visible (reason HostWipeStuck, phase unchanged) but is never taken for done. The last
         wipe of a teardown tells the cluster workflow the worker is gone."""
@@ -687,8 +705,9 @@ class WorkerNodeWorkflow:
         except asyncio.CancelledError:
             gone.cancel()
             raise
-        await gone
+        result = await gone
         self._deleted_delivered = deleted
+        return result
 
     def _record_failure(self, failure: AttemptFailed) -> FailedAttempt:
         shown = FailedAttempt(
@@ -703,11 +722,43 @@ class WorkerNodeWorkflow:
         progress.status.last_failure_message = shown.message
         progress.status.last_failure_time = shown.time
 
-    async def _unbind(self, agent: AgentRef) -> None:
+    async def _sweep_registrations_after_wipe(self, wiped_by: datetime) -> None:
+        """Delete what the host registered between its Agent's release and its wipe (by
+        `wiped_by`), so nothing of it is left on the hub. Given to another BMI since, it may have
+        registered for that one: then only registrations from wholly before the wipe go."""
+        progress, slot = self._state()
+        holders = await self._bmaas(
+            BmaasActivity.FIND_INSTANCES_WITH_MACS,
+            FindInstancesWithMacsInput(macs=progress.macs),
+            InstancesWithMacs,
+            summary=f"Check whether the wiped host of {slot.name} was given to another BMI",
+        )
+        swept = await self._hub(
+            HubActivity.RELEASE_STALE_AGENTS,
+            ReleaseStaleAgentsInput(
+                infraenv=InfraEnvRef.for_order(slot.order),
+                order=slot.order,
+                macs=progress.macs,
+                worker=slot.name,
+                registered_before=wiped_by if holders.bmi_ids else None,
+            ),
+            ReleasedAgents,
+            summary=f"Delete the agent registrations the host of {slot.name} made before its wipe",
+        )
+        if swept.handed or swept.kept:
+            # Approved or handed after the release looked: not this sweep's to judge, so said.
+            workflow.logger.warning(
+                "after the wipe, Agents of the host of %s were left: handed %s, kept %s",
+                slot.name,
+                swept.handed,
+                swept.kept,
+            )
+
+    async def _unbind(self, agent: AgentRef) -> ReleasedAgents:
         progress, slot = self._state()
         while True:
             try:
-                await self._hub(
+                return await self._hub(
                     HubActivity.UNBIND_AGENT,
                     UnbindAgentInput(
                         agent=agent,
@@ -721,7 +772,6 @@ class WorkerNodeWorkflow:
                     summary=f"Remove the Machine of {slot.name}, lower replicas, wait until unbound",
                     wait=True,
                 )
-                return
             except AttemptFailed as failure:
                 if failure.reason != FailureReason.AGENT_UNBINDING_TIMEOUT:
                     raise

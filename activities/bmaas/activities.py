@@ -489,7 +489,7 @@ class BmaasActivities:
             await self.watcher.wait(req.bmi_id, lambda obs: obs is GONE, tick=every, on_tick=progress)
             # Gone as seen by the stream or a relist; confirm with the server before trusting it.
             if await self.watcher.refresh(req.bmi_id) is GONE:
-                return InstanceGone(bmi_id=req.bmi_id, was_stuck=was_stuck)
+                return InstanceGone(bmi_id=req.bmi_id, was_stuck=was_stuck, gone_at=_now())
 
     # -- boot image ----------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
          |  no matching free host / lab fault / boot error                  |
          v                                                                  |
        FAILED                                                               |
-    any state --delete--> DELETING --(held a host: wipe)--> host FREE, object gone
+    any state --delete--> DELETING --(held a host: boot_seam.halt, wipe)--> host FREE, object gone
                                       `--wipe fails--> host QUARANTINED for good, BMI stays DELETING
 
 Host allocation and release happen under one asyncio lock and never await inside it, so a host is
@@ -258,6 +258,12 @@ class Lifecycle:
         async with self._lock:
             self._inventory.start_wipe(host_id)
             self._audit.record(AuditKind.WIPE_STARTED, host_id=host_id, bmi_id=rec.id, bmi_name=rec.name)
+        # Powered off for the wipe: whatever the host booted stops (no agent registers from it any
+        # more). A seam that fails here must not keep the host from being wiped.
+        try:
+            self._boot_seam.halt(host_id)
+        except Exception:
+            log.exception("boot seam failed to halt host %s", host_id)
         await self._clock.wait(lambda t: t.wipe_s)
         async with self._lock:
             if self._faults.wipe_fails(host_id):

@@ -19,7 +19,8 @@ Modules, one job each:
     agent_status          Agent status and conditions per state (assisted-service's tables)
     agent_provider        NodePool replicas -> Machines -> claimed Agents, scale-down, status
     cluster_provisioning  ClusterOrder -> hosted-cluster namespace, NodePools, clusterReference
-    agent_boot            the BootSeam: a booted host registers its agent if its ignition says so
+    agent_boot            the BootSeam: a booted host registers its agent if its ignition says so,
+                          again when its Agent is deleted in discovery, never once halted
     ignition, inventory, tokens   the discovery ignition, host inventories, signed tokens
     faults, timings       fault knobs (/lab/v1/faults/agents) and step durations
     testing               a hub with all of this on a free port, and blocking test helpers

@@ -6,7 +6,9 @@
 
 The controllers reach the hub over HTTP at `hub_url` with `controller_token`, like the real
 assisted-service and CAPI provider do; they start inside the hub app's lifespan and keep retrying
-until the server answers (it starts listening only after the lifespan started).
+until the server answers (it starts listening only after the lifespan started). The boot seam
+watches the hub's Agents through their informer while the controllers run: a host still in
+discovery whose Agent is deleted registers again.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ class HubControllers:
         *,
         seed: int = 0,
         ca_file: Path | None = None,
+        boot_seam: AgentBootSeam | None = None,
     ) -> None:
         self.hub_url = hub_url.rstrip("/")
+        self.boot_seam = boot_seam
         self._ca_file = ca_file
         self._token = controller_token
         self.timings = timings
@@ -107,12 +111,18 @@ class HubControllers:
             signer=self.signer,
             base_url=self.hub_url,
         )
+        if self.boot_seam is not None:
+            # Before the informers start, so that no Agent deletion goes unseen.
+            self.boot_seam.attach(informers.get(AGENTS), informers.get(INFRA_ENVS))
         informers.start()
         for controller in self.controllers:
             controller.start()
 
     async def stop(self) -> None:
         self.assisted = None
+        if self.boot_seam is not None:
+            # Registrations again run on this loop; boots belong to the fulfillment twin (`close`).
+            await self.boot_seam.detach()
         for controller in self.controllers:
             await controller.stop()
         self.controllers = []
@@ -153,6 +163,9 @@ def build_hub_behaviour(
     timings = timings or AgentTimings.demo()
     book = FaultBook(faults or AgentFaults())
     signer = TokenSigner(signing_key)
-    controllers = HubControllers(hub_url, controller_token, timings, book, signer, seed=seed, ca_file=ca_file)
+    boot_seam = AgentBootSeam(book, timings)
+    controllers = HubControllers(
+        hub_url, controller_token, timings, book, signer, seed=seed, ca_file=ca_file, boot_seam=boot_seam
+    )
     routers = [assisted_router(lambda: controllers.assisted), faults_router(book)]
-    return HubBehaviour([controllers], routers, AgentBootSeam(book, timings))
+    return HubBehaviour([controllers], routers, boot_seam)

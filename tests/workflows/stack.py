@@ -385,6 +385,16 @@ async def running_stack(
         lab.stop()
 
 
+def patches_recorded(history: WorkflowHistory) -> list[str]:
+    """The ids of the history's `workflow.patched` markers, in order."""
+    ids = []
+    for event in history.events:
+        marker = event.marker_recorded_event_attributes
+        if event.HasField("marker_recorded_event_attributes") and marker.marker_name == "core_patch":
+            ids.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
+    return ids
+
+
 async def replay_clean(histories: Iterable[WorkflowHistory]) -> None:
     """Replay each history on today's workflows: a change that breaks one fails the test."""
     replayer = Replayer(

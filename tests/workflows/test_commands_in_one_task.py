@@ -5,7 +5,6 @@ load). The named worker must still leave, and the count must still be met."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -14,12 +13,12 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import UpdateWorkflowExecutionLifecycleStage as LifecycleStage
 from temporalio.api.update.v1 import UpdateRef, WaitPolicy
 from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
-from temporalio.client import WorkflowHistory, WorkflowUpdateStage
+from temporalio.client import WorkflowUpdateStage
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, ScaleDownWorker, SetNodeSets
-from tests.workflows.stack import Stack, eventually, running_stack, worker_running
+from tests.workflows.stack import Stack, eventually, patches_recorded, running_stack, worker_running
 from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
 
 
@@ -31,15 +30,6 @@ async def stack(
         temporal_env.client, tmp_path_factory.mktemp("one-task"), in_process_worker=False
     ) as running:
         yield running
-
-
-def _patches(history: WorkflowHistory) -> list[str]:
-    ids = []
-    for event in history.events:
-        marker = event.marker_recorded_event_attributes
-        if event.HasField("marker_recorded_event_attributes") and marker.marker_name == "core_patch":
-            ids.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
-    return ids
 
 
 async def _admitted(stack: Stack, workflow_id: str, update_id: str) -> bool:
@@ -98,7 +88,7 @@ async def test_a_named_worker_leaves_when_a_scale_up_arrives_in_the_same_task(st
         assert status.desired_workers in (2, 3)
         history = await handle.fetch_history()
         # The patch is recorded only where the old plan would have kept the named worker.
-        assert _patches(history).count(ClusterPatch.NAMED_WORKERS_ALWAYS_LEAVE) == 1
+        assert patches_recorded(history).count(ClusterPatch.NAMED_WORKERS_ALWAYS_LEAVE) == 1
 
         final = await stack.decommission_and_wait(order)
     assert final.finished and final.workers == []

@@ -18,7 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from contracts.activities import HubActivity
+from contracts.activities import BmaasActivity, HubActivity
 from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
 from contracts.workflows import cluster_workflow_id
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
@@ -26,11 +26,13 @@ from tests.workflows.stack import (
     PULL_SECRET,
     Stack,
     eventually,
+    patches_recorded,
     replay_clean,
     running_stack,
     scheduled_activities,
 )
 from workflows.cluster_workers import ClusterPatch
+from workflows.worker_node import WorkerPatch
 
 HISTORIES = Path(__file__).parent / "histories"
 REGRESSIONS = HISTORIES / "regressions"
@@ -195,14 +197,22 @@ async def test_an_order_that_never_continued_as_new_never_looks_up_earlier_worke
     worker whose start is not yet confirmed is this run's, not an earlier one's."""
     _, histories, _ = lifecycle
     cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
-    patches = {
-        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)["id"]
-        for e in cluster.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and e.marker_recorded_event_attributes.marker_name == "core_patch"
-    }
+    patches = patches_recorded(cluster)
     assert ClusterPatch.TERMINATED_WORKERS_RESTARTED.value in patches
     assert ClusterPatch.EARLIER_WORKERS_LOOKED_AFTER.value not in patches
+
+
+async def test_installed_workers_are_not_swept_again_after_their_wipe(
+    lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
+) -> None:
+    """Only a host that may still run the discovery image registers again before its wipe: the
+    lifecycle's workers were installed, so their releases add nothing after the wipe."""
+    _, histories, _ = lifecycle
+    for history in (h for h in histories if h.workflow_id.startswith("worker/")):
+        patches = patches_recorded(history)
+        assert WorkerPatch.REGISTRATIONS_SWEPT_AFTER_WIPE.value not in patches, history.workflow_id
+        scheduled = scheduled_activities(history.events)
+        assert scheduled[-1] == BmaasActivity.WAIT_INSTANCE_GONE, (history.workflow_id, scheduled)
 
 
 async def test_status_changes_are_written_without_waiting_on_a_timer(

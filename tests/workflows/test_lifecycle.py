@@ -754,6 +754,49 @@ async def test_a_worker_terminated_as_its_agent_registers_leaves_no_registration
     await replay_clean(await stack.histories(order))
 
 
+async def test_a_host_registering_again_before_its_wipe_leaves_no_registration(stack: Stack) -> None:
+    """A worker scaled down while its host's Agent is registered but not handed over (hand-offs keep
+    failing). Its release deletes the Agent while the host still runs the discovery image, whose
+    agent registers again until BMaaS powers the host off for its wipe (here the BMI's delete waits
+    until it has). That registration is deleted once the host is wiped, not left until the
+    decommission."""
+    hand_offs_fail = {"errors": [{"code": 500, "verbs": ["patch"], "resources": ["agents"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=hand_offs_fail)).raise_for_status()
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        first = order.worker_name(0)
+
+        async def registered() -> dict[str, Any] | None:
+            agents = await stack.agents(order.namespace)
+            return agents[0]["metadata"] if agents else None
+
+        registration = await eventually(registered, f"the Agent of {first}'s host registered")
+        await stack.set_bmaas_faults(
+            routes={"DELETE /api/private/v1/baremetal_instances/{id}": {"hang_rate": 1.0}}
+        )
+        try:
+            await stack.api.scale_down_worker(order, first)
+
+            async def registered_again() -> bool:
+                now = [a["metadata"] for a in await stack.agents(order.namespace)]
+                return any(m["name"] == registration["name"] and m["uid"] != registration["uid"] for m in now)
+
+            await eventually(registered_again, "the host's Agent deleted and registered again")
+        finally:
+            await stack.clear_bmaas_faults()  # the hung delete is answered 503 and made again
+        worker = stack.client.get_workflow_handle(worker_workflow_id(order, first))
+        await asyncio.wait_for(worker.result(), timeout=120)
+        assert await stack.agents(order.namespace) == []
+        assert await stack.bmis(order) == []
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    await stack.decommission_and_wait(order)
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+    await replay_clean(await stack.histories(order))
+
+
 def test_a_quiet_leaver_is_told_again_less_and_less_often() -> None:
     """A wipe stuck for days is not signalled at every look; a run stopped meanwhile still restarts."""
     assert [looks for looks in range(1, 40) if _tell_again_at(looks)] == [1, 2, 4, 8, 12, 24, 36]

@@ -148,6 +148,9 @@ class StuckBootSeam:
         self.started.append(host.host_id)
         await asyncio.Event().wait()
 
+    def halt(self, host_id: str) -> None:
+        pass
+
 
 def test_delete_while_provisioning_wipes_the_allocated_host() -> None:
     seam = StuckBootSeam()
@@ -171,6 +174,9 @@ def test_boot_seam_errors_fail_the_bmi_and_keep_the_host_until_deleted() -> None
     class BrokenSeam:
         async def boot(self, host: BootedHost, user_data: str) -> None:
             raise RuntimeError(f"could not boot with {user_data}")
+
+        def halt(self, host_id: str) -> None:
+            pass
 
     with (
         fulfillment_twin(hosts=1, gpu_hosts=0, boot_seam=BrokenSeam()) as twin,
