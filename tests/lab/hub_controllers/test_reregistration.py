@@ -173,6 +173,11 @@ def _assert_stays_gone(lab: Lab, ns: str, host_id: str, since: int, agent_name: 
     assert lab.boot_seam.pending(host_id) == 0
 
 
+def _records_and_ignition(lab: Lab, ns: str) -> tuple[int, str]:
+    """How many boot records there are so far, and the discovery ignition of a new InfraEnv."""
+    return len(lab.boot_seam.records), fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+
+
 def _bind(lab: Lab, ns: str, name: str) -> None:
     cluster = {"name": "c1", "namespace": ns}
     lab.client.patch(AGENTS, ns, name, {"spec": {"approved": True, "clusterDeploymentName": cluster}})
@@ -184,8 +189,7 @@ def _bind(lab: Lab, ns: str, name: str) -> None:
 def test_deleting_the_agent_of_a_host_in_discovery_brings_it_back(
     lab: Lab, ns: str, bmaas: RunningFulfillmentTwin
 ) -> None:
-    since = len(lab.boot_seam.records)
-    ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+    since, ignition = _records_and_ignition(lab, ns)
     _, host_id = _discovery_bmi(lab, ns, bmaas, "again-worker", ignition)
     name = agent_host_id(host_id)
     first = lab.client.get(AGENTS, ns, name)
@@ -210,8 +214,7 @@ def test_deleting_the_agent_of_a_host_in_discovery_brings_it_back(
 def test_a_host_whose_bmi_was_deleted_does_not_come_back(
     lab: Lab, ns: str, bmaas: RunningFulfillmentTwin
 ) -> None:
-    since = len(lab.boot_seam.records)
-    ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+    since, ignition = _records_and_ignition(lab, ns)
     gone_bmi, gone = _discovery_bmi(lab, ns, bmaas, "wiped-worker", ignition)
     _, control = _discovery_bmi(lab, ns, bmaas, "control-worker", ignition)
 
@@ -227,8 +230,7 @@ def test_a_host_whose_bmi_was_deleted_does_not_come_back(
 def test_a_bmi_deleted_while_its_host_is_registering_never_makes_an_agent(
     lab: Lab, ns: str, bmaas: RunningFulfillmentTwin, faults: SetFaults
 ) -> None:
-    since = len(lab.boot_seam.records)
-    ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+    since, ignition = _records_and_ignition(lab, ns)
     faults(AgentFaults(slow_registration=SlowRegistration(rate=1.0, extra_delay_s=3600)))
     bmi_id = _create_bmi(bmaas, "slow-worker", ignition)
     host_id = _running_host(bmaas, bmi_id)
@@ -244,8 +246,7 @@ def test_a_bmi_deleted_while_its_host_is_registering_never_makes_an_agent(
 
 
 def test_an_agent_whose_install_started_does_not_come_back(lab: Lab, ns: str) -> None:
-    since = len(lab.boot_seam.records)
-    ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+    since, ignition = _records_and_ignition(lab, ns)
     hosts = {
         name: macs_for(i) for i, name in enumerate(("host-rr-installed", "host-rr-released", "host-rr-ctl"))
     }
@@ -270,8 +271,7 @@ def test_an_agent_whose_install_started_does_not_come_back(lab: Lab, ns: str) ->
 def test_the_phantom_agent_of_a_duplicate_mac_is_never_registered_again(
     lab: Lab, ns: str, faults: SetFaults
 ) -> None:
-    since = len(lab.boot_seam.records)
-    ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
+    since, ignition = _records_and_ignition(lab, ns)
     faults(AgentFaults(duplicate_mac=FaultTarget(agents=["host-rr-twin"])))
     lab.boot("host-rr-twin", macs_for(1), ignition)
     phantom = wait_until(
