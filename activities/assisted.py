@@ -113,6 +113,7 @@ from contracts.hub import (
     ReleaseAgentInput,
     ReleasedAgents,
     ReleaseStaleAgentsInput,
+    ReleaseWipedHostAgentsInput,
     UnbindAgentInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
@@ -417,6 +418,7 @@ class AssistedActivities:
             self.mark_agent_removing,
             self.wait_agent_unbound,
             self.release_stale_agents,
+            self.release_wiped_host_agents,
             self.delete_agent,
             self.unbind_agent,
             self.release_agent,
@@ -1515,11 +1517,35 @@ class AssistedActivities:
         Agents that are approved, bound or handed to a worker are never touched; those handed to the
         releasing worker (`input.worker`) are returned in `handed`, for the workflow to unbind."""
         return await self._release_unclaimed(
+            input.infraenv, order=input.order, macs=set(input.macs), worker=input.worker
+        )
+
+    @activity.defn(name=HubActivity.RELEASE_WIPED_HOST_AGENTS.value)
+    @refusals_retried
+    async def release_wiped_host_agents(self, input: ReleaseWipedHostAgentsInput) -> ReleasedAgents:
+        """After the wipe, delete what the host registered between its Agent's release and its
+        power-off: its unclaimed Agents the hub created by the second the order's BMIs were listed
+        without the host (`input.listed_at`). One created in that same second after the list could
+        be the host's registration for a BMI given it meanwhile, which needs allocation, image and
+        boot within that second: not on real hardware. An attempt later than
+        `WIPED_HOST_LIST_FRESH_S` after the list (a hub down for long) deletes nothing: by then the
+        host may be anyone's. A name of its own, so an activity worker that would drop the cutoff
+        never takes it."""
+        late = datetime.now(UTC) - input.listed_at
+        if late > timedelta(seconds=WIPED_HOST_LIST_FRESH_S):
+            activity.logger.warning(
+                "the registrations of a wiped host in InfraEnv %s/%s are left: its BMIs were listed %ss ago",
+                input.infraenv.namespace,
+                input.infraenv.name,
+                int(late.total_seconds()),
+            )
+            return ReleasedAgents()
+        return await self._release_unclaimed(
             input.infraenv,
             order=input.order,
             macs=set(input.macs),
             worker=input.worker,
-            registered_before=input.registered_before,
+            created_by=input.listed_at,
         )
 
     async def _release_unclaimed(
@@ -1529,11 +1555,11 @@ class AssistedActivities:
         order: OrderRef | None,
         macs: set[str] | None,
         worker: str | None,
-        registered_before: datetime | None = None,
+        created_by: datetime | None = None,
     ) -> ReleasedAgents:
         """Delete the InfraEnv's unclaimed Agents: those reporting one of `macs` (None: all), not
-        labelled for another order than `order`, created wholly before `registered_before` when it
-        is given. See release_stale_agents."""
+        labelled for another order than `order`, created by `created_by` (in whole seconds, as the
+        hub gives it) when it is given. See release_stale_agents."""
         listing = await self._kube.list_current(
             AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
         )
@@ -1546,9 +1572,9 @@ class AssistedActivities:
                 return None
             if order is not None and labels.get(ORDER_LABEL, order.name) != order.name:
                 return None
-            if registered_before is not None:
+            if created_by is not None:
                 created = created_at(agent)
-                if created is None or created + timedelta(seconds=1) > registered_before:
+                if created is None or created > created_by:
                     return None  # maybe the host's registration for the BMI it was given next
             if worker is not None and handed_to(agent, worker):
                 return result.handed
@@ -1573,6 +1599,8 @@ class AssistedActivities:
         return DeleteResult(already_gone=not deleted)
 
 
+# How long after the order's BMIs were listed without a wiped host its registrations may be swept.
+WIPED_HOST_LIST_FRESH_S = 60.0
 UNBINDING_STATES = frozenset({AgentState.UNBINDING, AgentState.UNBINDING_PENDING_USER_ACTION})
 # The host booted its installed disk: no discovery agent runs on it to register again.
 DISK_BOOTED_STATES: frozenset[str | None] = frozenset(

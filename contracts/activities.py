@@ -42,6 +42,7 @@ class HubActivity(StrEnum):
     RELEASE_AGENT = "release_agent"
     DELETE_AGENT = "delete_agent"
     RELEASE_STALE_AGENTS = "release_stale_agents"
+    RELEASE_WIPED_HOST_AGENTS = "release_wiped_host_agents"
     SYNC_NODEPOOL_REPLICAS = "sync_nodepool_replicas"
     ANNOTATE_MACHINE_FOR_DELETION = "annotate_machine_for_deletion"
     PUBLISH_ORDER_STATUS = "publish_order_status"

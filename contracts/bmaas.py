@@ -208,9 +208,6 @@ class InstanceGone(BaseModel):
     bmi_id: str
     # Whether the wipe was seen stuck at some point during the wait (it finished in the end).
     was_stuck: bool = False
-    # When the activity saw it gone (its clock): the host registers nothing after that, and only
-    # after that can it be another BMI's. None from activity workers older than this field.
-    gone_at: datetime | None = None
 
 
 class WaitProgress(BaseModel):
@@ -248,10 +245,20 @@ class ListOrderInstancesInput(CarriesReport):
     order: OrderRef
     # Only the BMIs of this name (a slot's): the result stays small in a large order's histories.
     name: str | None = None
+    # Only the BMIs whose NICs carry one of these MACs (whose host it is).
+    macs: list[str] | None = None
+
+    @field_validator("macs")
+    @classmethod
+    def _normalize_macs(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else sorted({normalize_mac(mac) for mac in value})
 
 
 class OrderInstances(BaseModel):
     instances: list[WorkerInstance]
+    # When the list was asked for (the activity's clock): what it shows held from then until its
+    # answer. None from activity workers older than this field.
+    listed_at: datetime | None = None
 
 
 class FindInstancesWithMacsInput(CarriesReport):

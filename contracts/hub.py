@@ -622,14 +622,19 @@ class ReleaseStaleAgentsInput(BaseModel):
     order: OrderRef
     macs: list[str] = Field(min_length=1)
     worker: str | None = None  # as in ReleaseAgentInput
-    # Only Agents the hub created wholly before this (its timestamps have whole seconds): the host,
-    # wiped by then, may since have been given to another BMI of the order and registered for it.
-    registered_before: datetime | None = None
 
     @field_validator("macs")
     @classmethod
     def _normalize_macs(cls, value: list[str]) -> list[str]:
         return sorted({normalize_mac(mac) for mac in value})
+
+
+class ReleaseWipedHostAgentsInput(ReleaseStaleAgentsInput):
+    """The host with these MACs was wiped and, when the order's BMIs were listed (`listed_at`, the
+    list's activity clock), was none of theirs: its unclaimed registrations in this InfraEnv from
+    before then are stale. After then it may have been given to a BMI and registered for that one."""
+
+    listed_at: datetime
 
 
 class UnbindAgentInput(CarriesReport):
@@ -673,9 +678,10 @@ class ReleasedAgents(BaseModel):
     kept: list[str] = Field(default_factory=list)
     # Agents handed to the releasing worker (ReleaseAgentInput.worker): left for its unbind.
     handed: list[str] = Field(default_factory=list)
-    # Whether the released host may still register until it is wiped: none of its Agents was seen
-    # booted from its disk, so it may run the discovery image, whose agent registers again when its
-    # Agent is deleted (or only now). True when unknown: a result from before this field, say.
+    # Whether the released host may still register until it is wiped: the worker's Agent was not
+    # seen booted from its disk (it may be gone already, as on a retry), so the host may run the
+    # discovery image, whose agent registers again when its Agent is deleted (or registers only
+    # now). True when unknown: a result from before this field, say.
     host_may_register: bool = True
 
 

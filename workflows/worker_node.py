@@ -45,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         NodePoolRef,
         ReleaseAgentInput,
         ReleasedAgents,
-        ReleaseStaleAgentsInput,
+        ReleaseWipedHostAgentsInput,
         UnbindAgentInput,
         WaitAgentInstalledInput,
         WaitAndHandAgentInput,
@@ -114,13 +114,24 @@ class WorkerPatch(StrEnum):
     RESTARTED_RELEASE_FINDS_REGISTRATIONS = "restarted-release-finds-registrations"
     # A host that may run the discovery image when its Agent is released registers again (its agent
     # restarts when the Agent is deleted) until BMaaS powers it off: its registrations are deleted
-    # once more after the wipe, instead of staying on the hub until the decommission's sweep.
+    # once more after the wipe, while no BMI of the order holds the host, instead of staying on the
+    # hub until the decommission's sweep.
     REGISTRATIONS_SWEPT_AFTER_WIPE = "registrations-swept-after-wipe"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
 # A timer must be positive; a deadline already passed fires at once.
 MIN_TIMER = timedelta(milliseconds=10)
+
+
+def registrations_cutoff(listed: OrderInstances, macs: list[str]) -> datetime | None:
+    """Until when a wiped host's registrations are surely its release's: when the order's BMIs were
+    listed, if none of them held the host (matched here too: an activity worker older than the
+    MAC filter lists every BMI). None: one holds it, or the list's time is unknown."""
+    wanted = set(macs)
+    if listed.listed_at is None or any(wanted.intersection(bmi.macs) for bmi in listed.instances):
+        return None
+    return listed.listed_at
 
 
 class AttemptFailed(Exception):
@@ -604,7 +615,8 @@ class WorkerNodeWorkflow:
                 await self._continue_release_as_new_if_due()
 
     async def _release_resources(self) -> None:
-        """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped."""
+        """Give back the Agent and the BMI and block until BMaaS confirms the host is wiped; a host
+        that may have run the discovery image then has its late registrations swept."""
         progress, slot = self._state()
         listed: list[WorkerInstance] | None = None
         if progress.restarted:
@@ -660,24 +672,23 @@ class WorkerNodeWorkflow:
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot(listed)
-        wiped_by: datetime | None = None
         for bmi_id in bmi_ids:
-            gone = await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
-            wiped_by = gone.gone_at or workflow.now()
+            await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
         if (
             may_register
-            and wiped_by is not None
+            and progress.ready_since is None  # Ready: installed, its host boots its disk
+            and bmi_ids
             and progress.macs
             and workflow.patched(WorkerPatch.REGISTRATIONS_SWEPT_AFTER_WIPE.value)
         ):
-            await self._sweep_registrations_after_wipe(wiped_by)
+            await self._sweep_registrations_after_wipe()
         progress.bmi_id = None
         progress.macs = []
         progress.agent_deadline = None
         progress.status.resource_id = None
         progress.restarted = False  # whatever the stopped run held is released now
 
-    async def _wait_gone(self, bmi_id: str, last_of_slot: bool) -> InstanceGone:
+    async def _wait_gone(self, bmi_id: str, last_of_slot: bool) -> None:
         """Block until BMaaS confirms the host is wiped and released. A wipe that takes too long is
         made visible (reason HostWipeStuck, phase unchanged) but is never taken for done. The last
         wipe of a teardown tells the cluster workflow the worker is gone."""
@@ -705,9 +716,8 @@ class WorkerNodeWorkflow:
         except asyncio.CancelledError:
             gone.cancel()
             raise
-        result = await gone
+        await gone
         self._deleted_delivered = deleted
-        return result
 
     def _record_failure(self, failure: AttemptFailed) -> FailedAttempt:
         shown = FailedAttempt(
@@ -722,29 +732,45 @@ class WorkerNodeWorkflow:
         progress.status.last_failure_message = shown.message
         progress.status.last_failure_time = shown.time
 
-    async def _sweep_registrations_after_wipe(self, wiped_by: datetime) -> None:
-        """Delete what the host registered between its Agent's release and its wipe (by
-        `wiped_by`), so nothing of it is left on the hub. Given to another BMI since, it may have
-        registered for that one: then only registrations from wholly before the wipe go."""
+    async def _sweep_registrations_after_wipe(self) -> None:
+        """Delete what the host registered between its Agent's release and its power-off, while no
+        BMI of the order holds the host (one given it since may have had it register for itself).
+        Best effort: the decommission's sweep of the InfraEnv is the backstop."""
         progress, slot = self._state()
-        holders = await self._bmaas(
-            BmaasActivity.FIND_INSTANCES_WITH_MACS,
-            FindInstancesWithMacsInput(macs=progress.macs),
-            InstancesWithMacs,
-            summary=f"Check whether the wiped host of {slot.name} was given to another BMI",
-        )
-        swept = await self._hub(
-            HubActivity.RELEASE_STALE_AGENTS,
-            ReleaseStaleAgentsInput(
-                infraenv=InfraEnvRef.for_order(slot.order),
-                order=slot.order,
-                macs=progress.macs,
-                worker=slot.name,
-                registered_before=wiped_by if holders.bmi_ids else None,
-            ),
-            ReleasedAgents,
-            summary=f"Delete the agent registrations the host of {slot.name} made before its wipe",
-        )
+        try:
+            listed = await self._bmaas(
+                BmaasActivity.LIST_ORDER_INSTANCES,
+                ListOrderInstancesInput(order=slot.order, macs=progress.macs),
+                OrderInstances,
+                summary=f"Check that no BMI of the order holds the wiped host of {slot.name}",
+            )
+            cutoff = registrations_cutoff(listed, progress.macs)
+            if cutoff is None:
+                workflow.logger.info(
+                    "the wiped host of %s is held again (or the list is too old to tell): "
+                    "its registrations are left for the decommission's sweep",
+                    slot.name,
+                )
+                return
+            swept = await self._hub(
+                HubActivity.RELEASE_WIPED_HOST_AGENTS,
+                ReleaseWipedHostAgentsInput(
+                    infraenv=InfraEnvRef.for_order(slot.order),
+                    order=slot.order,
+                    macs=progress.macs,
+                    worker=slot.name,
+                    listed_at=cutoff,
+                ),
+                ReleasedAgents,
+                summary=f"Delete the agent registrations the host of {slot.name} made before its wipe",
+            )
+        except AttemptFailed as failure:
+            workflow.logger.warning(
+                "the registrations of the wiped host of %s are left for the decommission's sweep: %s",
+                slot.name,
+                failure,
+            )
+            return
         if swept.handed or swept.kept:
             # Approved or handed after the release looked: not this sweep's to judge, so said.
             workflow.logger.warning(

@@ -489,7 +489,7 @@ class BmaasActivities:
             await self.watcher.wait(req.bmi_id, lambda obs: obs is GONE, tick=every, on_tick=progress)
             # Gone as seen by the stream or a relist; confirm with the server before trusting it.
             if await self.watcher.refresh(req.bmi_id) is GONE:
-                return InstanceGone(bmi_id=req.bmi_id, was_stuck=was_stuck, gone_at=_now())
+                return InstanceGone(bmi_id=req.bmi_id, was_stuck=was_stuck)
 
     # -- boot image ----------------------------------------------------------------------------
 
@@ -544,10 +544,16 @@ class BmaasActivities:
     @delivers_reports
     async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
         """Every BMI of an order (any state, DELETING included), or only those named `req.name`,
-        sorted by name."""
+        or only those whose NICs carry one of `req.macs`; sorted by name."""
+        listed_at = _now()
         snapshots = await order_snapshots(self.client, req.order)
-        instances = [s.worker_instance() for s in snapshots if req.name in (None, s.name)]
-        return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)))
+        wanted = None if req.macs is None else set(req.macs)
+        instances = [
+            s.worker_instance()
+            for s in snapshots
+            if req.name in (None, s.name) and (wanted is None or wanted.intersection(s.macs))
+        ]
+        return OrderInstances(instances=sorted(instances, key=lambda i: (i.name, i.id)), listed_at=listed_at)
 
     @activity.defn
     @delivers_reports

@@ -30,7 +30,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import httpx
@@ -108,13 +108,16 @@ class _Run:
     halted: bool = False
     settled: bool = False  # the boot's outcome is recorded
     # Set once the primary Agent registered: the host runs the discovery image from then on.
-    config: DiscoveryAgentConfig | None = None
+    config: DiscoveryAgentConfig | None = field(default=None, repr=False)  # holds the agent token
     agent_name: str | None = None
     registered_macs: tuple[str, ...] = ()
     again: asyncio.Task[None] | None = None  # a registration again, pending
 
 
 class AgentBootSeam:
+    # Hosts are known by their id: twins that share one seam need hosts with ids of their own (a
+    # `halt` of one host id stops that host wherever it was booted).
+    #
     # Ignition and the discovery agent retry until they get through; a loaded lab (a thousand hosts
     # booting at once) can take minutes to answer them all. A registration the service is still
     # answering is waited for (`answer_wait_s`), never sent again: each abandoned one that the
@@ -280,6 +283,9 @@ class AgentBootSeam:
         with self._lock:
             if self._runs.get(run.host_id) is not run:
                 return  # halted, or booted something else since
+            # Registering now: a deletion from here on is of the Agent this brings back, and the
+            # agent starts over once more (`_on_agent_event` waits only for one not yet sent).
+            run.again = None
         config, agent_name = run.config, run.agent_name
         if config is None or agent_name is None:
             return

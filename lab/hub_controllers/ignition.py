@@ -16,7 +16,7 @@ import base64
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -36,7 +36,7 @@ class DiscoveryAgentConfig:
 
     service_url: str
     infra_env_id: str
-    agent_token: str
+    agent_token: str = field(repr=False)  # a secret: never in a repr, a log or a test's output
     insecure: bool = False  # `--insecure=true`: the agent does not verify the service's certificate
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -248,6 +248,15 @@ async def test_list_order_instances(harness: Harness) -> None:
         ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="alpha"), name="alpha-worker-1"),
     )
     assert [i.name for i in one.instances] == ["alpha-worker-1"]
+    # By the MACs of a host (in any spelling): the BMI holding it, and when the list was asked for.
+    before = datetime.now(UTC)
+    spelled = [mac.upper().replace(":", "-") for mac in one.instances[0].macs[:1]]
+    holder = await harness.run(
+        harness.acts.list_order_instances,
+        ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="alpha"), macs=spelled),
+    )
+    assert [i.name for i in holder.instances] == ["alpha-worker-1"]
+    assert holder.listed_at is not None and before <= holder.listed_at <= datetime.now(UTC)
 
 
 async def test_find_lost_instances_names_failed_deleted_and_gone_bmis_only(harness: Harness) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
+from activities import assisted
 from activities.assisted import INFRAENV_LABEL, AssistedActivities
 from activities.kube import AGENTS, HubKube, dig
 from contracts.hub import (
@@ -22,6 +23,7 @@ from contracts.hub import (
     NodePoolRef,
     ReleaseAgentInput,
     ReleaseStaleAgentsInput,
+    ReleaseWipedHostAgentsInput,
     UnbindAgentInput,
     WaitAgentInput,
     WaitAgentInstalledInput,
@@ -977,24 +979,31 @@ async def test_a_release_says_whether_the_host_may_still_register(api, api_assis
     assert unbound.deleted == ["joined"] and not unbound.host_may_register
 
 
-async def test_the_sweep_after_a_wipe_takes_only_registrations_from_before_it(api, api_assisted, kit):
+async def test_the_sweep_after_a_wipe_takes_only_registrations_from_before_the_list(
+    api, api_assisted, kit, monkeypatch
+):
     """After the wipe the host may be another BMI's and register for it: only Agents the hub created
-    wholly before the wipe was seen (its timestamps have whole seconds) are the released host's."""
+    by the second the order's BMIs were listed without the host are the released host's, and only
+    while that list is fresh."""
     macs = kit.random_macs()
     agent = api.agent("late", macs)
     created = datetime.fromisoformat(agent["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
     order = OrderRef(namespace=api.ns, name="order-1")
 
-    def sweep(registered_before: datetime) -> ReleaseStaleAgentsInput:
-        return ReleaseStaleAgentsInput(
-            infraenv=InfraEnvRef.for_order(order), order=order, macs=macs, registered_before=registered_before
+    def sweep(listed_at: datetime) -> ReleaseWipedHostAgentsInput:
+        return ReleaseWipedHostAgentsInput(
+            infraenv=InfraEnvRef.for_order(order), order=order, macs=macs, listed_at=listed_at
         )
 
-    same_second = await kit.run()(
-        api_assisted.release_stale_agents, sweep(created + timedelta(milliseconds=999))
-    )
-    assert same_second.deleted == same_second.kept == [] and api.get("Agent", "late") is not None
-    swept = await kit.run()(api_assisted.release_stale_agents, sweep(created + timedelta(seconds=1)))
+    release = api_assisted.release_wiped_host_agents
+    after_the_list = await kit.run()(release, sweep(created - timedelta(seconds=1)))
+    assert after_the_list.deleted == after_the_list.kept == [] and api.get("Agent", "late") is not None
+    with monkeypatch.context() as stale:
+        stale.setattr(assisted, "WIPED_HOST_LIST_FRESH_S", 0.0)
+        too_late = await kit.run()(release, sweep(created))
+    assert too_late.deleted == [] and api.get("Agent", "late") is not None
+    # Created in the second of the list: taken for the released host's.
+    swept = await kit.run()(release, sweep(created))
     assert swept.deleted == ["late"] and api.get("Agent", "late") is None
 
 

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import BmaasActivity, HubActivity
+from contracts.bmaas import BmiState, OrderInstances, WorkerInstance
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
@@ -35,6 +36,7 @@ from tests.workflows.stack import (
     scheduled_activities,
 )
 from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
+from workflows.worker_node import registrations_cutoff
 
 
 @pytest.fixture(scope="module")
@@ -795,6 +797,23 @@ async def test_a_host_registering_again_before_its_wipe_leaves_no_registration(s
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []
     await replay_clean(await stack.histories(order))
+
+
+def test_a_wiped_host_is_swept_only_while_no_bmi_of_the_order_holds_it() -> None:
+    """The sweep after a wipe takes the host's registrations from before the order's BMIs were seen
+    without it; a BMI holding the host again (it may have registered for that one) or a list of
+    unknown time (an older activity worker) means no sweep."""
+    at = datetime(2026, 12, 6, 17, 0, tzinfo=UTC)
+    host, other = ["52:54:00:00:00:01", "52:54:00:00:00:02"], ["52:54:00:00:00:09"]
+
+    def bmi(macs: list[str]) -> WorkerInstance:
+        return WorkerInstance(id="b", name="o-worker-1", state=BmiState.RUNNING, macs=macs)
+
+    assert registrations_cutoff(OrderInstances(instances=[], listed_at=at), host) == at
+    # An older activity worker ignores the MAC filter: another host's BMI is no holder.
+    assert registrations_cutoff(OrderInstances(instances=[bmi(other)], listed_at=at), host) == at
+    assert registrations_cutoff(OrderInstances(instances=[bmi(host[1:])], listed_at=at), host) is None
+    assert registrations_cutoff(OrderInstances(instances=[]), host) is None
 
 
 def test_a_quiet_leaver_is_told_again_less_and_less_often() -> None:
