@@ -291,8 +291,10 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     and is shown now); the restarted release of a worker terminated after its host's Agent
     registered (recorded on 21077d4; the release now lists the slot's BMIs before it deletes the
     Agents); an order's run after a continue-as-new, its worker terminated before Ready (recorded on
-    996e8e6; such a worker is now looked up after a quiet `ready_host_check`). Without their patch
-    guards, the last three fail to replay."""
+    996e8e6; such a worker is now looked up after a quiet `ready_host_check`); a worker scaled down
+    while its host's Agent was registered but not handed over (recorded on 8bb6bc5; the release now
+    sweeps the host's registrations again after the wipe). Without their patch guards, the last
+    four fail to replay."""
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)
