@@ -208,15 +208,31 @@ def handed_to(agent: KubeObject, worker: str) -> bool:
     return any(_hand_off_marks(agent)) and not handed_elsewhere(agent, worker)
 
 
-def created_at(obj: KubeObject) -> datetime | None:
-    """The hub's `creationTimestamp` (whole seconds), None when absent or unreadable."""
-    created = meta(obj).get("creationTimestamp")
-    if not isinstance(created, str):
+def _hub_time(value: object) -> datetime | None:
+    """A hub timestamp (RFC 3339, whole seconds), None when absent or unreadable."""
+    if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(created.replace("Z", "+00:00"))
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def created_at(obj: KubeObject) -> datetime | None:
+    """The hub's `creationTimestamp`."""
+    return _hub_time(meta(obj).get("creationTimestamp"))
+
+
+def last_changed_at(agent: KubeObject) -> datetime | None:
+    """When the Agent was created or a condition of it last changed (whole seconds), whichever is
+    later: a host registering again into an existing Agent keeps its creation time, not its
+    conditions. None when it has no creation time."""
+    created = created_at(agent)
+    if created is None:
+        return None
+    conditions = dig(agent, "status", "conditions") or []
+    stamps = [_hub_time(c.get("lastTransitionTime")) for c in conditions if isinstance(c, dict)]
+    return max([created, *(at for at in stamps if at is not None)])
 
 
 def awaiting_inventory(agent: KubeObject, now: datetime | None = None) -> bool:
@@ -1409,14 +1425,12 @@ class AssistedActivities:
         await annotate_machine(self._kube, input.agent, current)
         await self._mark_removing(input.agent, current)
         await sync_replicas(self._kube, input.nodepool)
-        unbound = await self.wait_agent_unbound(
+        await self.wait_agent_unbound(
             WaitAgentUnboundInput(agent=input.agent, deadline=input.deadline, nodepool=input.nodepool)
         )
-        released = await self.release_agent(
+        return await self.release_agent(
             ReleaseAgentInput(agent=input.agent, infraenv=input.infraenv, order=input.order, macs=input.macs)
         )
-        released.host_may_register = unbound.state not in DISK_BOOTED_STATES
-        return released
 
     @activity.defn(name=HubActivity.RELEASE_AGENT.value)
     @refusals_retried
@@ -1469,7 +1483,6 @@ class AssistedActivities:
             return result.deleted
 
         current = await self._kube.get_optional(AGENTS, ref.namespace, ref.name)
-        result.host_may_register = current is None or agent_state(current) not in DISK_BOOTED_STATES
         # Gone already: NotFound counts as success.
         where = await self._delete_as_judged(ref, current, judge, result, gone=result.deleted)
         return where if where is not None else result.deleted
@@ -1524,28 +1537,20 @@ class AssistedActivities:
     @refusals_retried
     async def release_wiped_host_agents(self, input: ReleaseWipedHostAgentsInput) -> ReleasedAgents:
         """After the wipe, delete what the host registered between its Agent's release and its
-        power-off: its unclaimed Agents the hub created by the second the order's BMIs were listed
-        without the host (`input.listed_at`). One created in that same second after the list could
-        be the host's registration for a BMI given it meanwhile, which needs allocation, image and
-        boot within that second: not on real hardware. An attempt later than
-        `WIPED_HOST_LIST_FRESH_S` after the list (a hub down for long) deletes nothing: by then the
-        host may be anyone's. A name of its own, so an activity worker that would drop the cutoff
-        never takes it."""
-        late = datetime.now(UTC) - input.listed_at
-        if late > timedelta(seconds=WIPED_HOST_LIST_FRESH_S):
-            activity.logger.warning(
-                "the registrations of a wiped host in InfraEnv %s/%s are left: its BMIs were listed %ss ago",
-                input.infraenv.namespace,
-                input.infraenv.name,
-                int(late.total_seconds()),
-            )
-            return ReleasedAgents()
+        power-off: its unclaimed Agents created, and last changed, by the second the order's BMIs
+        were listed without the host (`input.listed_at`). One changed in that same second after the
+        list could be the host's registration for a BMI given it meanwhile, which needs allocation,
+        image and boot within that second: not on real hardware. Nothing is deleted later than
+        `WIPED_HOST_LIST_FRESH_S` after the list (a hub down for long): by then the host may be
+        anyone's. The list's time is the BMaaS activity worker's clock, compared with this worker's
+        and the hub's: they are taken to agree within seconds (NTP). A name of its own, so an
+        activity worker that would drop the cutoff never takes it."""
         return await self._release_unclaimed(
             input.infraenv,
             order=input.order,
             macs=set(input.macs),
             worker=input.worker,
-            created_by=input.listed_at,
+            changed_by=input.listed_at,
         )
 
     async def _release_unclaimed(
@@ -1555,11 +1560,12 @@ class AssistedActivities:
         order: OrderRef | None,
         macs: set[str] | None,
         worker: str | None,
-        created_by: datetime | None = None,
+        changed_by: datetime | None = None,
     ) -> ReleasedAgents:
         """Delete the InfraEnv's unclaimed Agents: those reporting one of `macs` (None: all), not
-        labelled for another order than `order`, created by `created_by` (in whole seconds, as the
-        hub gives it) when it is given. See release_stale_agents."""
+        labelled for another order than `order`; with `changed_by`, only those created and last
+        changed by then (in whole seconds, as the hub gives them), and only until
+        `WIPED_HOST_LIST_FRESH_S` after it. See release_stale_agents."""
         listing = await self._kube.list_current(
             AGENTS, ref.namespace, label_selector=f"{INFRAENV_LABEL}={ref.name}"
         )
@@ -1572,10 +1578,17 @@ class AssistedActivities:
                 return None
             if order is not None and labels.get(ORDER_LABEL, order.name) != order.name:
                 return None
-            if created_by is not None:
-                created = created_at(agent)
-                if created is None or created > created_by:
+            if changed_by is not None:
+                changed = last_changed_at(agent)
+                if changed is None or changed > changed_by:
                     return None  # maybe the host's registration for the BMI it was given next
+                if datetime.now(UTC) - changed_by > timedelta(seconds=WIPED_HOST_LIST_FRESH_S):
+                    activity.logger.warning(
+                        "Agent %s/%s of a wiped host is left: its order's BMIs were listed too long ago",
+                        ref.namespace,
+                        meta(agent).get("name"),
+                    )
+                    return None
             if worker is not None and handed_to(agent, worker):
                 return result.handed
             spec = agent.get("spec") or {}
@@ -1602,10 +1615,6 @@ class AssistedActivities:
 # How long after the order's BMIs were listed without a wiped host its registrations may be swept.
 WIPED_HOST_LIST_FRESH_S = 60.0
 UNBINDING_STATES = frozenset({AgentState.UNBINDING, AgentState.UNBINDING_PENDING_USER_ACTION})
-# The host booted its installed disk: no discovery agent runs on it to register again.
-DISK_BOOTED_STATES: frozenset[str | None] = frozenset(
-    {AgentState.ADDED_TO_EXISTING_CLUSTER, AgentState.UNBINDING_PENDING_USER_ACTION}
-)
 
 
 def pull_secret_problem(text: str) -> str | None:

@@ -246,7 +246,7 @@ class ListOrderInstancesInput(CarriesReport):
     # Only the BMIs of this name (a slot's): the result stays small in a large order's histories.
     name: str | None = None
     # Only the BMIs whose NICs carry one of these MACs (whose host it is).
-    macs: list[str] | None = None
+    macs: list[str] | None = Field(default=None, min_length=1)
 
     @field_validator("macs")
     @classmethod

@@ -678,11 +678,6 @@ class ReleasedAgents(BaseModel):
     kept: list[str] = Field(default_factory=list)
     # Agents handed to the releasing worker (ReleaseAgentInput.worker): left for its unbind.
     handed: list[str] = Field(default_factory=list)
-    # Whether the released host may still register until it is wiped: the worker's Agent was not
-    # seen booted from its disk (it may be gone already, as on a retry), so the host may run the
-    # discovery image, whose agent registers again when its Agent is deleted (or registers only
-    # now). True when unknown: a result from before this field, say.
-    host_may_register: bool = True
 
 
 class DeleteResult(BaseModel):

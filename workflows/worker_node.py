@@ -126,8 +126,8 @@ MIN_TIMER = timedelta(milliseconds=10)
 
 def registrations_cutoff(listed: OrderInstances, macs: list[str]) -> datetime | None:
     """Until when a wiped host's registrations are surely its release's: when the order's BMIs were
-    listed, if none of them held the host (matched here too: an activity worker older than the
-    MAC filter lists every BMI). None: one holds it, or the list's time is unknown."""
+    listed, if none of them held the host (matched here, not left to the activity's filter). None:
+    one holds it, or the list's time is unknown (an activity worker older than `listed_at`)."""
     wanted = set(macs)
     if listed.listed_at is None or any(wanted.intersection(bmi.macs) for bmi in listed.instances):
         return None
@@ -640,10 +640,8 @@ class WorkerNodeWorkflow:
         agent = self._agent_ref() if progress.agent_name is not None else None
         if agent is not None and progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.UNBINDING)
-        may_register = False  # no Agent release: no host known to have booted
         if agent is not None and progress.agent_handed:
-            # Deletes the Agent and stale registrations once unbound.
-            may_register = (await self._unbind(agent)).host_may_register
+            await self._unbind(agent)  # deletes the Agent and stale registrations once unbound
             progress.agent_name = None
             progress.agent_handed = False
         elif agent is not None or progress.macs or progress.restarted:
@@ -662,21 +660,20 @@ class WorkerNodeWorkflow:
             )
             progress.agent_name = None
             progress.agent_handed = False
-            may_register = released.host_may_register
             for name in released.handed:
                 # Handed by a wait that was cancelled before it could say so: unbound like any other.
                 if progress.status.phase != WorkerPhase.FAILED:
                     self._set_phase(WorkerPhase.UNBINDING)
-                unbound = await self._unbind(AgentRef(namespace=slot.order.namespace, name=name))
-                may_register = may_register and unbound.host_may_register
+                await self._unbind(AgentRef(namespace=slot.order.namespace, name=name))
         if progress.status.phase != WorkerPhase.FAILED:
             self._set_phase(WorkerPhase.DELETING)
         bmi_ids = await self._bmis_of_slot(listed)
         for bmi_id in bmi_ids:
             await self._wait_gone(bmi_id, last_of_slot=self._tearing_down and bmi_id == bmi_ids[-1])
         if (
-            may_register
-            and progress.ready_since is None  # Ready: installed, its host boots its disk
+            # Not Ready: the host may run the discovery image (an install interrupted, failed or not
+            # begun); a Ready one boots its disk.
+            progress.ready_since is None
             and bmi_ids
             and progress.macs
             and workflow.patched(WorkerPatch.REGISTRATIONS_SWEPT_AFTER_WIPE.value)
@@ -747,7 +744,7 @@ class WorkerNodeWorkflow:
             cutoff = registrations_cutoff(listed, progress.macs)
             if cutoff is None:
                 workflow.logger.info(
-                    "the wiped host of %s is held again (or the list is too old to tell): "
+                    "the wiped host of %s is held again, or the BMaaS worker is too old to tell: "
                     "its registrations are left for the decommission's sweep",
                     slot.name,
                 )
@@ -780,11 +777,11 @@ class WorkerNodeWorkflow:
                 swept.kept,
             )
 
-    async def _unbind(self, agent: AgentRef) -> ReleasedAgents:
+    async def _unbind(self, agent: AgentRef) -> None:
         progress, slot = self._state()
         while True:
             try:
-                return await self._hub(
+                await self._hub(
                     HubActivity.UNBIND_AGENT,
                     UnbindAgentInput(
                         agent=agent,
@@ -798,6 +795,7 @@ class WorkerNodeWorkflow:
                     summary=f"Remove the Machine of {slot.name}, lower replicas, wait until unbound",
                     wait=True,
                 )
+                return
             except AttemptFailed as failure:
                 if failure.reason != FailureReason.AGENT_UNBINDING_TIMEOUT:
                     raise

@@ -181,7 +181,7 @@ class AgentBootSeam:
         they run on this loop)."""
         with self._lock:
             self._infra_envs = None
-            tasks = [t for t, r in self._tasks.items() if r.again is t]
+            tasks = [t for t in self._tasks if t.get_name().startswith("again-")]
         for task in tasks:
             _cancel(task)
         loop = asyncio.get_running_loop()

@@ -939,52 +939,12 @@ async def test_a_stale_registration_is_deleted_on_the_version_judged(api, api_as
     assert api.get("Agent", "stale") is None and api.get("Agent", "handed") is not None
 
 
-async def test_a_release_says_whether_the_host_may_still_register(api, api_assisted, kit):
-    """A host whose Agent was still in discovery runs the discovery image: its agent registers again
-    once the Agent is deleted, until the host is wiped, so the workflow sweeps again after the wipe.
-    One whose Agent was seen booted from its disk (installed, or unbinding after it) runs no agent."""
-    api.nodepool("np", SELECTOR, replicas=2)
-    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
-    order = OrderRef(namespace=api.ns, name="order-1")
-
-    def release(agent: str | None, macs: list[str]) -> ReleaseAgentInput:
-        return ReleaseAgentInput(
-            agent=AgentRef(namespace=api.ns, name=agent) if agent else None,
-            infraenv=InfraEnvRef.for_order(order),
-            order=order,
-            macs=macs,
-            worker="order-1-worker-0",
-        )
-
-    discovering = kit.random_macs()
-    api.agent("discovering", discovering)
-    assert (
-        await kit.run()(api_assisted.release_agent, release("discovering", discovering))
-    ).host_may_register
-    installed = kit.random_macs()
-    api.agent("installed", installed, state="added-to-existing-cluster")
-    released = await kit.run()(api_assisted.release_agent, release("installed", installed))
-    assert released.deleted == ["installed"] and not released.host_may_register
-    # No Agent yet: its registration may be on its way.
-    assert (await kit.run()(api_assisted.release_agent, release(None, kit.random_macs()))).host_may_register
-
-    # An unbind: of a handed Agent never claimed (still in discovery), and of one unbound after its
-    # install (it waits for a reboot the wipe replaces).
-    api.agent("handed", kit.random_macs(), labels=SELECTOR, approved=True)
-    assert (await kit.run()(api_assisted.unbind_agent, _unbind_input(api, "handed", pool))).host_may_register
-    api.agent(
-        "joined", kit.random_macs(), labels=SELECTOR, approved=True, state="unbinding-pending-user-action"
-    )
-    unbound = await kit.run()(api_assisted.unbind_agent, _unbind_input(api, "joined", pool))
-    assert unbound.deleted == ["joined"] and not unbound.host_may_register
-
-
 async def test_the_sweep_after_a_wipe_takes_only_registrations_from_before_the_list(
     api, api_assisted, kit, monkeypatch
 ):
     """After the wipe the host may be another BMI's and register for it: only Agents the hub created
-    by the second the order's BMIs were listed without the host are the released host's, and only
-    while that list is fresh."""
+    and last changed by the second the order's BMIs were listed without the host are the released
+    host's, and only while that list is fresh."""
     macs = kit.random_macs()
     agent = api.agent("late", macs)
     created = datetime.fromisoformat(agent["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
@@ -1002,9 +962,16 @@ async def test_the_sweep_after_a_wipe_takes_only_registrations_from_before_the_l
         stale.setattr(assisted, "WIPED_HOST_LIST_FRESH_S", 0.0)
         too_late = await kit.run()(release, sweep(created))
     assert too_late.deleted == [] and api.get("Agent", "late") is not None
+    # The host registered again into an existing Agent (given to another BMI since): the Agent keeps
+    # its creation time, but its conditions changed after the list.
+    reused = api.agent("reused", macs)
+    later = {"type": "Bound", "status": "False", "lastTransitionTime": "2999-01-01T00:00:00Z"}
+    api.patch("Agent", "reused", {"status": {"conditions": [later]}}, status=True)
+    reused_at = datetime.fromisoformat(reused["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
     # Created in the second of the list: taken for the released host's.
-    swept = await kit.run()(release, sweep(created))
+    swept = await kit.run()(release, sweep(max(created, reused_at)))
     assert swept.deleted == ["late"] and api.get("Agent", "late") is None
+    assert api.get("Agent", "reused") is not None
 
 
 def _cache_missed_deletion(kube: HubKube, obj: dict[str, Any]) -> None:

@@ -810,7 +810,7 @@ def test_a_wiped_host_is_swept_only_while_no_bmi_of_the_order_holds_it() -> None
         return WorkerInstance(id="b", name="o-worker-1", state=BmiState.RUNNING, macs=macs)
 
     assert registrations_cutoff(OrderInstances(instances=[], listed_at=at), host) == at
-    # An older activity worker ignores the MAC filter: another host's BMI is no holder.
+    # Matched in the workflow, not left to the activity's filter: another host's BMI is no holder.
     assert registrations_cutoff(OrderInstances(instances=[bmi(other)], listed_at=at), host) == at
     assert registrations_cutoff(OrderInstances(instances=[bmi(host[1:])], listed_at=at), host) is None
     assert registrations_cutoff(OrderInstances(instances=[]), host) is None
