@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -385,6 +386,10 @@ async def running_stack(
         lab.stop()
 
 
+# Where `replay_clean` keeps a history that fails to replay.
+FAILED_REPLAYS = Path(tempfile.gettempdir()) / "osac-failed-replays"
+
+
 def patches_recorded(history: WorkflowHistory) -> list[str]:
     """The ids of the history's `workflow.patched` markers, in order."""
     ids = []
@@ -402,6 +407,14 @@ async def replay_clean(histories: Iterable[WorkflowHistory]) -> None:
     )
     replayed = 0
     for history in histories:
-        await replayer.replay_workflow(history)
+        try:
+            await replayer.replay_workflow(history)
+        except Exception as failure:
+            # Kept: a rare failure cannot be studied from its message alone.
+            kept = FAILED_REPLAYS / f"{history.workflow_id.replace('/', '_')}-{time.time_ns()}.json"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(history.to_json())
+            failure.add_note(f"the history that failed to replay is kept in {kept}")
+            raise
         replayed += 1
     assert replayed, "no history to replay"
