@@ -68,6 +68,7 @@ from activities.kube import (
 )
 from activities.order_events import write_order_event
 from activities.reporting import delivers_reports
+from activities.timestamps import parse_time
 from contracts.activities import HubActivity
 from contracts.hub import (
     AGENT_INSTALL_FAILED_STATES,
@@ -208,19 +209,9 @@ def handed_to(agent: KubeObject, worker: str) -> bool:
     return any(_hand_off_marks(agent)) and not handed_elsewhere(agent, worker)
 
 
-def _hub_time(value: object) -> datetime | None:
-    """A hub timestamp (RFC 3339, whole seconds), None when absent or unreadable."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def created_at(obj: KubeObject) -> datetime | None:
     """The hub's `creationTimestamp`."""
-    return _hub_time(meta(obj).get("creationTimestamp"))
+    return parse_time(meta(obj).get("creationTimestamp"))
 
 
 def last_changed_at(agent: KubeObject) -> datetime | None:
@@ -231,7 +222,7 @@ def last_changed_at(agent: KubeObject) -> datetime | None:
     if created is None:
         return None
     conditions = dig(agent, "status", "conditions") or []
-    stamps = [_hub_time(c.get("lastTransitionTime")) for c in conditions if isinstance(c, dict)]
+    stamps = [parse_time(c.get("lastTransitionTime")) for c in conditions if isinstance(c, dict)]
     return max([created, *(at for at in stamps if at is not None)])
 
 

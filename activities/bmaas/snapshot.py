@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from activities.timestamps import parse_time
 from contracts.bmaas import ORDER_LABEL, ORDER_NAMESPACE_LABEL, SYSTEM_TENANT, BmiState, WorkerInstance
 from contracts.hub import normalize_mac
 from contracts.refs import OrderRef
@@ -25,15 +26,6 @@ def _nic_macs(addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...
         except ValueError:
             unusable.add(address)
     return tuple(sorted(macs)), tuple(sorted(unusable))
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
