@@ -190,6 +190,10 @@ class WorkersApi:
                     f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
                     f" queue {self.task_queue}?)"
                 ) from err
+            # A run closed before its first workflow task has no state to replay, and the server
+            # refuses the query ("closed before WorkflowTaskStarted"): say what stopped it.
+            if (state := await self.workflow_state(order)).closed_abnormally:
+                raise CommandError(stopped_run_text(order, state)) from err
             raise
 
     async def run_id(self, order: OrderRef) -> str:

@@ -8,14 +8,17 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from contracts.refs import OrderRef
 from contracts.worker import WorkerPhase
+from contracts.workflows import cluster_workflow_id
 from lab.http_server import free_port
-from starter.api import WorkflowState
+from starter.api import CommandError, WorkflowState
 from starter.orders import ControllerCondition, condition_of
 from tests.starter.harness import (
     CONFIRM,
@@ -172,7 +175,11 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change
     order = await create_order(stack, bare_metal(bm_standard=0))
 
     async def started() -> bool:
-        return await stack.api.workflow_state(order) == WorkflowState.RUNNING
+        # Answered by a worker: its first task ran (a run closed before that is the next test's).
+        return (
+            await stack.api.workflow_state(order) == WorkflowState.RUNNING
+            and (await stack.api.status(order)).node_sets != []
+        )
 
     await eventually(started, "the controller to start the order's workflow")
     await stack.api.handle(order).terminate(reason="test")
@@ -191,6 +198,34 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change
     assert "the controller manages the ClusterOrder (it carries the finalizer" in " ".join(
         refused.stderr.split()
     )
+
+
+async def test_commands_on_an_order_whose_workflow_was_stopped_before_its_first_task_say_so(
+    stack: Stack, ctl: RunningController, env: dict[str, str]
+) -> None:
+    """Terminated before any worker ran its first task, a run has no state to replay and the
+    server refuses queries on it ("closed before WorkflowTaskStarted"): the commands still name
+    the state, as for any stopped run. One nobody polls for stays in that state."""
+    order = OrderRef(namespace=f"t-{uuid.uuid4().hex[:8]}", name="unstarted")
+    handle = await stack.client.start_workflow(
+        "ClusterWorkersWorkflow",
+        id=cluster_workflow_id(order),
+        task_queue=f"{stack.settings.task_queue}-nobody",
+    )
+    await handle.terminate(reason="test")
+    stopped = f"the workers workflow of order {order.key} is Terminated: it takes no change"
+    for command in (
+        stack.api.status(order),
+        stack.api.scale(order, "bm-standard", 1),
+        stack.api.scale_down_worker(order, order.worker_name(0)),
+    ):
+        with pytest.raises(CommandError) as refused:
+            await command
+        assert stopped in str(refused.value)
+    shown = await cli(env, "status", order.key)
+    assert shown.returncode == 1, (shown.stdout, shown.stderr)
+    assert stopped in " ".join(shown.stderr.split())
+    assert await stack.bmis(order) == []
 
 
 async def test_decommission_of_an_order_the_controller_leaves_alone(
