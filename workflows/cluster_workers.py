@@ -185,6 +185,15 @@ class ClusterPatch(StrEnum):
     # terminated from outside is started again at once, to release its host and be replaced, as
     # the workers this run started are. Before, it waited to be told.
     EARLIER_WORKERS_LOOKED_AFTER = "earlier-workers-looked-after"
+    # The give-up timer of a last status write (at a continue-as-new, at the decommission's end) is
+    # never cancelled. A query answered while that write ran can leave its result to the next
+    # workflow task live while replay takes it at once: a timer started, then cancelled on the
+    # result, was then dropped on replay (both in one task) and the run failed to replay.
+    STATUS_FLUSH_TIMER_KEPT = "status-flush-timer-kept"
+
+
+# The summary of a last status write's give-up timer (STATUS_FLUSH_TIMER_KEPT), as the Web UI shows it.
+STATUS_FLUSH_GIVE_UP = "Give up the last status write"
 
 
 def _victim_rank(slot: SlotRecord) -> tuple[int, int]:
@@ -1488,7 +1497,12 @@ class ClusterWorkersWorkflow:
                 or_give_up and self._publish_failures > refused
             )
 
-        if or_give_up:
+        if or_give_up and workflow.patched(ClusterPatch.STATUS_FLUSH_TIMER_KEPT.value):
+            give_up = asyncio.ensure_future(
+                workflow.sleep(self._input.policy.call_timeout, summary=STATUS_FLUSH_GIVE_UP)
+            )
+            await workflow.wait_condition(lambda: flushed() or give_up.done())
+        elif or_give_up:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(flushed, timeout=self._input.policy.call_timeout)
         else:

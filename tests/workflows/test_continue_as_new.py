@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -26,7 +28,7 @@ from tests.workflows.stack import (
     running_stack,
     scheduled_activities,
 )
-from workflows.cluster_workers import ClusterWorkersWorkflow
+from workflows.cluster_workers import STATUS_FLUSH_GIVE_UP, ClusterWorkersWorkflow
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -324,3 +326,94 @@ async def test_a_failed_attempt_whose_release_hangs_continues_as_new_and_tries_a
     runs = [h for h in await stack.histories(order) if h.workflow_id == worker_id]
     assert len(runs) > runs_before + 1
     await replay_clean(runs)
+
+
+def _answered_a_task_later(history: WorkflowHistory, marker_id: int) -> WorkflowHistory:
+    """`history` as it is recorded when the local activity of marker `marker_id` completed inside
+    its workflow task but the workflow saw its result only in the next one (a query answered
+    meanwhile): a workflow task ends right after the marker, and what followed is that next task's."""
+    data = json.loads(history.to_json())
+    events: list[dict] = data["events"]
+    at = next(i for i, e in enumerate(events) if int(e["eventId"]) == marker_id)
+    task = {
+        kind: copy.deepcopy(next(e for e in reversed(events[:at]) if e["eventType"] == f"EVENT_TYPE_{kind}"))
+        for kind in ("WORKFLOW_TASK_SCHEDULED", "WORKFLOW_TASK_STARTED", "WORKFLOW_TASK_COMPLETED")
+    }
+    scheduled, started, completed = (str(marker_id + n) for n in (1, 2, 3))
+    for event_id, event in zip((scheduled, started, completed), task.values(), strict=True):
+        event["eventId"] = event_id
+    task["WORKFLOW_TASK_STARTED"]["workflowTaskStartedEventAttributes"]["scheduledEventId"] = scheduled
+    done = task["WORKFLOW_TASK_COMPLETED"]["workflowTaskCompletedEventAttributes"]
+    done.update(scheduledEventId=scheduled, startedEventId=started)
+
+    def shifted(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "workflowTaskCompletedEventId" and int(value) <= marker_id:
+                    node[key] = completed  # a command of the next task now
+                elif key.endswith("EventId") and isinstance(value, str) and int(value) > marker_id:
+                    node[key] = str(int(value) + 3)
+                else:
+                    shifted(value)
+        elif isinstance(node, list):
+            for item in node:
+                shifted(item)
+
+    later = events[at + 1 :]
+    for event in later:
+        event["eventId"] = str(int(event["eventId"]) + 3)
+        shifted({k: v for k, v in event.items() if k != "eventId"})
+    data["events"] = [*events[: at + 1], *task.values(), *later]
+    return WorkflowHistory.from_json(history.workflow_id, data)
+
+
+async def test_a_last_status_write_seen_a_task_later_replays(stack: Stack) -> None:
+    """A status query answered while a run's last status write (a local activity) runs can leave
+    the write's result to the next workflow task live, while replay takes it at once. The write's
+    give-up timer, cancelled on that result, was then dropped on replay (started and cancelled in
+    one task) and the closed run failed to replay: "Continue as new workflow machine does not
+    handle this event: TimerStarted" (seen once in a loaded full run; reproduced with the SDK by
+    queries hammering such a run). The timer is now left to run out, so a run's end replays
+    whichever task the result came in: here each run's history is made to look that way."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    cluster_id = cluster_workflow_id(order)
+
+    async def continued() -> bool:
+        return WorkflowExecutionStatus.CONTINUED_AS_NEW in await _runs(stack, cluster_id)
+
+    await eventually(continued, "the cluster workflow to continue as new")
+    await stack.decommission_and_wait(order)
+    runs = [e async for e in stack.client.list_workflows(f"WorkflowId = '{cluster_id}'")]
+    assert {r.status for r in runs} == {
+        WorkflowExecutionStatus.CONTINUED_AS_NEW,
+        WorkflowExecutionStatus.COMPLETED,
+    }
+    split = []
+    for run in runs:
+        history = await stack.client.get_workflow_handle(cluster_id, run_id=run.run_id).fetch_history()
+        events = history.events
+        give_up = [
+            e.event_id
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+            and e.user_metadata.summary.data
+            and json.loads(e.user_metadata.summary.data) == STATUS_FLUSH_GIVE_UP
+        ]
+        assert len(give_up) == 1, f"run {run.run_id}: give-up timers {give_up}"
+        cancelled = [
+            e.timer_canceled_event_attributes.started_event_id
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED
+        ]
+        assert give_up[0] not in cancelled, f"run {run.run_id}: the give-up timer was cancelled"
+        last_write = max(
+            e.event_id
+            for e in events
+            if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+            and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
+        )
+        assert last_write > give_up[0], f"run {run.run_id}: the last write ended before its give-up timer"
+        split.append(_answered_a_task_later(history, last_write))
+    await replay_clean(split)
