@@ -185,14 +185,17 @@ class ClusterPatch(StrEnum):
     # terminated from outside is started again at once, to release its host and be replaced, as
     # the workers this run started are. Before, it waited to be told.
     EARLIER_WORKERS_LOOKED_AFTER = "earlier-workers-looked-after"
-    # The give-up timer of a last status write (at a continue-as-new, at the decommission's end) is
-    # never cancelled. A query answered while that write ran can leave its result to the next
-    # workflow task live while replay takes it at once: a timer started, then cancelled on the
-    # result, was then dropped on replay (both in one task) and the run failed to replay.
-    STATUS_FLUSH_TIMER_KEPT = "status-flush-timer-kept"
+    # A run's last status write (at a continue-as-new, at the decommission's end) is fixed when it
+    # begins: the status generation it must reach, after which the publisher starts no other
+    # write, and a give-up timer that is never cancelled. A query answered while that write runs
+    # can leave its result to the next workflow task live, while replay takes it at once, before
+    # that task's signals: a timer cancelled on the result was then dropped on replay (started and
+    # cancelled in one task), and a status change arriving with the result made a live run write
+    # once more where its replay continued as new. Either way the closed run failed to replay.
+    LAST_STATUS_WRITE_FIXED = "last-status-write-fixed"
 
 
-# The summary of a last status write's give-up timer (STATUS_FLUSH_TIMER_KEPT), as the Web UI shows it.
+# The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
 STATUS_FLUSH_GIVE_UP = "Give up the last status write"
 
 
@@ -230,6 +233,7 @@ class ClusterWorkersWorkflow:
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
         self._published_generation = 0
+        self._publish_until: int | None = None  # the last write's generation (LAST_STATUS_WRITE_FIXED)
         self._finished = False
         # A command arrived since the InfraEnv was last brought in line with the order.
         self._order_edited = carried.order_edited
@@ -1445,7 +1449,12 @@ class ClusterWorkersWorkflow:
         flight goes in the next. The optional window is always the same timer (from the input),
         never a branch on elapsed workflow time, which replay after a worker crash did not reproduce."""
         while True:
-            await workflow.wait_condition(lambda: self._status_generation > self._published_generation)
+            await workflow.wait_condition(
+                lambda: (
+                    self._status_generation > self._published_generation
+                    and (self._publish_until is None or self._published_generation < self._publish_until)
+                )
+            )
             if self._input.policy.status_coalesce:
                 await workflow.sleep(self._input.policy.status_coalesce)
             generation = self._status_generation
@@ -1488,7 +1497,7 @@ class ClusterWorkersWorkflow:
     async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
         """Write the latest status, then stop the publisher. `or_give_up`: a write refused, or not
         through within a call timeout (retried on a hub answering 5xx), is given up: its events stay
-        in `_events_in_flight` and `_events` to carry over."""
+        in `_events_in_flight` and `_events` to carry over, as do those of changes made meanwhile."""
         self._status_generation += 1
         refused = self._publish_failures
 
@@ -1497,11 +1506,16 @@ class ClusterWorkersWorkflow:
                 or_give_up and self._publish_failures > refused
             )
 
-        if or_give_up and workflow.patched(ClusterPatch.STATUS_FLUSH_TIMER_KEPT.value):
+        if or_give_up and workflow.patched(ClusterPatch.LAST_STATUS_WRITE_FIXED.value):
+            target = self._publish_until = self._status_generation
             give_up = asyncio.ensure_future(
                 workflow.sleep(self._input.policy.call_timeout, summary=STATUS_FLUSH_GIVE_UP)
             )
-            await workflow.wait_condition(lambda: flushed() or give_up.done())
+            await workflow.wait_condition(
+                lambda: (
+                    self._published_generation >= target or self._publish_failures > refused or give_up.done()
+                )
+            )
         elif or_give_up:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(flushed, timeout=self._input.policy.call_timeout)

@@ -374,7 +374,9 @@ async def test_a_last_status_write_seen_a_task_later_replays(stack: Stack) -> No
     one task) and the closed run failed to replay: "Continue as new workflow machine does not
     handle this event: TimerStarted" (seen once in a loaded full run; reproduced with the SDK by
     queries hammering such a run). The timer is now left to run out, so a run's end replays
-    whichever task the result came in: here each run's history is made to look that way."""
+    whichever task the result came in: here each run's history is made to look that way. (The
+    write's target is fixed when it begins too, so a status change arriving with the result
+    starts no other write live either; the live race that would show it cannot be forced.)"""
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1})
     await stack.wait_ready(order, 1)
@@ -415,5 +417,11 @@ async def test_a_last_status_write_seen_a_task_later_replays(stack: Stack) -> No
             and e.marker_recorded_event_attributes.marker_name == "core_local_activity"
         )
         assert last_write > give_up[0], f"run {run.run_id}: the last write ended before its give-up timer"
+        between = [e.event_type for e in events if give_up[0] < e.event_id < last_write]
+        assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in between, "not the write's own task"
+        # Nothing after the write but the run's end: the split below is the race, nothing else.
+        assert events[-1].event_id == last_write + 1, [
+            e.event_type for e in events if e.event_id > last_write
+        ]
         split.append(_answered_a_task_later(history, last_write))
     await replay_clean(split)
