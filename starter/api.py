@@ -178,7 +178,9 @@ class WorkersApi:
         except WorkflowUpdateFailedError as err:
             raise _rejection(err) from err
 
-    async def status(self, order: OrderRef) -> ClusterWorkersStatus:
+    async def status(self, order: OrderRef, *, field: str | None = None) -> ClusterWorkersStatus:
+        """The latest run's status (its `status` query). `field`: the input a command's refusal
+        names when the run turns out stopped."""
         try:
             return await self.handle(order).query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
         except RPCError as err:
@@ -190,11 +192,21 @@ class WorkersApi:
                     f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
                     f" queue {self.task_queue}?)"
                 ) from err
-            # A run closed before its first workflow task has no state to replay, and the server
-            # refuses the query ("closed before WorkflowTaskStarted"): say what stopped it.
-            if (state := await self.workflow_state(order)).closed_abnormally:
-                raise CommandError(stopped_run_text(order, state)) from err
+            if err.status == RPCStatusCode.FAILED_PRECONDITION:
+                await self._refuse_if_stopped(order, field, err)
             raise
+
+    async def _refuse_if_stopped(self, order: OrderRef, field: str | None, err: RPCError) -> None:
+        """A run closed before its first workflow task has no state to replay, and the server
+        refuses queries on it ("closed before WorkflowTaskStarted"): say what stopped it. Anything
+        else (a running run whose task keeps failing, say), or no answer, leaves `err` as it is."""
+        try:
+            state = await self.workflow_state(order)
+        except RPCError:
+            return
+        if state.closed_abnormally:
+            prefix = f"{field}: " if field else ""
+            raise CommandError(prefix + stopped_run_text(order, state)) from err
 
     async def run_id(self, order: OrderRef) -> str:
         """The id of the order's latest run (to follow that run even if another one starts later)."""
@@ -216,7 +228,12 @@ class WorkersApi:
             if described == WorkflowExecutionStatus.COMPLETED:
                 return await handle.result(follow_runs=False)
             if described != WorkflowExecutionStatus.CONTINUED_AS_NEW:
-                return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+                try:
+                    return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+                except RPCError as err:
+                    if err.status == RPCStatusCode.FAILED_PRECONDITION:
+                        await self._refuse_if_stopped(order, None, err)
+                    raise
             async for event in handle.fetch_history_events(
                 event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
             ):
@@ -242,7 +259,7 @@ class WorkersApi:
         self, order: OrderRef, node_set: str, count: int, *, confirm_scale_down: bool = False
     ) -> ClusterWorkersStatus:
         """Set one node set's count, keeping the others as they are."""
-        current = await self.status(order)
+        current = await self.status(order, field="node_set")
         if current.finished or current.decommissioning:
             state = "decommissioned" if current.finished else "being decommissioned"
             raise CommandError(f"node_set: order {order.key} is {state}; it takes no more changes")
@@ -268,7 +285,7 @@ class WorkersApi:
         workflow's lowered count. The workflow refuses a worker already leaving, or named by another
         caller a moment before: a caller that then lowered the order's count would make the workflow
         release a worker nobody named."""
-        current = await self.status(order)  # no workflow, no worker answering: said clearly first
+        current = await self.status(order, field="worker")  # no workflow, no worker answering: said first
         if current.finished:
             raise CommandError(f"worker: order {order.key} is decommissioned")
         try:

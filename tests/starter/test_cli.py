@@ -218,6 +218,7 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_before_its_first_
         stack.api.status(order),
         stack.api.scale(order, "bm-standard", 1),
         stack.api.scale_down_worker(order, order.worker_name(0)),
+        stack.api.run_status(order, handle.result_run_id or ""),  # `decommission --wait` follows it
     ):
         with pytest.raises(CommandError) as refused:
             await command
