@@ -11,6 +11,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -45,10 +46,21 @@ def bound_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
             # reuse could then be bound beside this one until it listens.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(err.errno, f"cannot bind {host}:{port}: {err.strerror}") from err
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+@contextlib.contextmanager
+def refusing_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port that refuses connections for as long as the block runs: bound, so no other process
+    can listen on it, but never listening (a closed port picked at random could be taken)."""
+    with bound_socket(host) as sock:
+        yield int(sock.getsockname()[1])
 
 
 class ThreadedServer:
@@ -83,8 +95,10 @@ class ThreadedServer:
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive():
+                self.stop()
                 raise RuntimeError(f"server on {self.url} exited during start-up")
             if time.monotonic() > deadline:
+                self.stop()
                 raise TimeoutError(f"server on {self.url} did not start within {timeout}s")
             time.sleep(0.02)
         return self
@@ -93,6 +107,8 @@ class ThreadedServer:
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # still serving on it: closing it under the server helps nobody
         self._socket.close()  # closed by the server once served; never served, here
 
     def call(self, coro: Any, timeout: float = 30.0) -> Any:

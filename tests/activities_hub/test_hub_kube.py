@@ -29,7 +29,7 @@ from activities.kube import (
     map_api_exception,
 )
 from contracts.hub import HubErrorType, WaitAgentInput
-from lab.http_server import free_port
+from lab.http_server import refusing_port
 from lab.hub.kubeconfig import write_kubeconfig
 from lab.hub.testing import start_hub
 
@@ -106,15 +106,16 @@ async def test_server_errors_retryable_auth_errors_not(api, api_hub, api_kube, k
     finally:
         await bad.close()
 
-    refused = HubKube.from_kubeconfig(
-        str(write_kubeconfig(tmp_path / "down", f"http://127.0.0.1:{free_port()}", "t"))
-    )
-    try:
-        with pytest.raises(HubUnavailable) as down:
-            await refused.get(CLUSTER_ORDERS, api.ns, "any")
-        assert not down.value.non_retryable and down.value.type == HubErrorType.TRANSPORT
-    finally:
-        await refused.close()
+    with refusing_port() as dead:
+        refused = HubKube.from_kubeconfig(
+            str(write_kubeconfig(tmp_path / "down", f"http://127.0.0.1:{dead}", "t"))
+        )
+        try:
+            with pytest.raises(HubUnavailable) as down:
+                await refused.get(CLUSTER_ORDERS, api.ns, "any")
+            assert not down.value.non_retryable and down.value.type == HubErrorType.TRANSPORT
+        finally:
+            await refused.close()
 
 
 async def test_shared_watch_requests_do_not_grow_with_wait_length(api, api_hub, api_assisted, api_kube, kit):

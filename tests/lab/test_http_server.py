@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from lab.http_server import ThreadedServer, bound_socket
+from lab.http_server import ThreadedServer, bound_socket, refusing_port
 
 
 async def _hello(_request: Request) -> PlainTextResponse:
@@ -47,9 +47,19 @@ def test_a_server_never_started_gives_its_port_back() -> None:
         again.bind(("127.0.0.1", port))
 
 
-def test_a_fixed_port_in_use_is_refused_at_once() -> None:
+def test_a_fixed_port_in_use_is_refused_at_once_naming_it() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        with pytest.raises(OSError):
-            ThreadedServer(APP, port=busy.getsockname()[1])
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot bind 127.0.0.1:{port}"):
+            ThreadedServer(APP, port=port)
+
+
+def test_a_refusing_port_refuses_and_nobody_else_listens_on_it() -> None:
+    with refusing_port() as port:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("127.0.0.1", port))

@@ -3,7 +3,6 @@ says what failed (type, status) and never what the server wrote back."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
@@ -16,6 +15,7 @@ from activities.bmaas.errors import BmaasApiError
 from activities.kube import AGENTS, HubApiError, HubKube
 from contracts.bmaas import BmaasErrorType
 from contracts.hub import HubErrorType
+from lab.http_server import refusing_port
 from tests.ops.conftest import SpanCapture
 
 ECHOED = "the-server-echoed-this-secret-value"
@@ -50,32 +50,27 @@ async def test_failed_bmaas_call_span(recording: SpanCapture, tmp_path: Path) ->
         assert ECHOED not in str(value) and "t0ken" not in str(value)
 
 
-def _closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_failed_hub_call_span(recording: SpanCapture, tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "hub", "cluster": {"server": f"http://127.0.0.1:{_closed_port()}"}}],
-                "users": [{"name": "u", "user": {"token": "hub-token-" + "y" * 30}}],
-                "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "u"}}],
-                "current-context": "hub",
-            }
+    with refusing_port() as dead:  # nobody can listen there meanwhile
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "hub", "cluster": {"server": f"http://127.0.0.1:{dead}"}}],
+                    "users": [{"name": "u", "user": {"token": "hub-token-" + "y" * 30}}],
+                    "contexts": [{"name": "hub", "context": {"cluster": "hub", "user": "u"}}],
+                    "current-context": "hub",
+                }
+            )
         )
-    )
-    kube = HubKube.from_kubeconfig(str(kubeconfig), max_workers=2)
-    try:
-        with pytest.raises(HubApiError):
-            await kube.get(AGENTS, "tenant-a", "host-7")
-    finally:
-        await kube.close()
+        kube = HubKube.from_kubeconfig(str(kubeconfig), max_workers=2)
+        try:
+            with pytest.raises(HubApiError):
+                await kube.get(AGENTS, "tenant-a", "host-7")
+        finally:
+            await kube.close()
     (span,) = [s for s in recording.stop() if s.name.startswith("hub ")]
     assert span.name == "hub get Agent" and span.kind == SpanKind.CLIENT
     attributes = dict(span.attributes or {})

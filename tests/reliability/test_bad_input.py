@@ -35,7 +35,7 @@ from activities.kube import HubKube
 from contracts.hub import WORKER_LABEL
 from contracts.refs import OrderRef
 from contracts.workflows import NodeSetRequest, SetNodeSets
-from lab.http_server import free_port
+from lab.http_server import refusing_port
 from lab.hub.kubeconfig import write_kubeconfig
 from lab.hub_controllers.inventory import host_inventory, to_agent_inventory
 from starter.api import WorkflowState
@@ -226,11 +226,11 @@ async def cli_scale_down_unknown_worker(ctx: Ctx) -> Seen:
 async def cli_unreachable_hub(ctx: Ctx) -> Seen:
     order = await ctx.ready("managed-1", 1, managed=True)
     since = await ctx.audit_seq()
-    dead = write_kubeconfig(ctx.workdir / "dead-hub.kubeconfig", f"http://127.0.0.1:{free_port()}", "token")
-    env = {**ctx.env, "KUBECONFIG": str(dead)}
-    return Seen(
-        await ctx.cli("scale", order.key, "--node-set", "bm-standard", "--count", "2", env=env), order, since
-    )
+    with refusing_port() as port:
+        dead = write_kubeconfig(ctx.workdir / "dead-hub.kubeconfig", f"http://127.0.0.1:{port}", "token")
+        env = {**ctx.env, "KUBECONFIG": str(dead)}
+        seen = await ctx.cli("scale", order.key, "--node-set", "bm-standard", "--count", "2", env=env)
+    return Seen(seen, order, since)
 
 
 async def cli_mass_scale_down(ctx: Ctx) -> Seen:
@@ -595,29 +595,32 @@ async def worker_with_wrong_bmaas_token(ctx: Ctx) -> Seen:
 
 async def controller_with_unreachable_hub(ctx: Ctx) -> Seen:
     """The controller starts while the hub is down: it keeps trying, and says why it is not synced."""
-    dead = write_kubeconfig(
-        ctx.workdir / "dead-hub-ctl.kubeconfig", f"http://127.0.0.1:{free_port()}", "token"
-    )
-    health = ctx.workdir / "controller-health.json"
-    log = ctx.workdir / "controller-dead-hub.log"
-    proc = spawn([CLI, "controller", "--health-file", str(health)], {**ctx.env, "KUBECONFIG": str(dead)}, log)
-    try:
+    with refusing_port() as port:  # refusing for as long as the scenario runs
+        dead = write_kubeconfig(ctx.workdir / "dead-hub-ctl.kubeconfig", f"http://127.0.0.1:{port}", "token")
+        health = ctx.workdir / "controller-health.json"
+        log = ctx.workdir / "controller-dead-hub.log"
+        proc = spawn(
+            [CLI, "controller", "--health-file", str(health)], {**ctx.env, "KUBECONFIG": str(dead)}, log
+        )
+        try:
 
-        async def reported() -> str | None:
-            if proc.poll() is not None:
-                return f"exited {proc.returncode}: {normalised(log.read_text())[-400:]}"
-            text = log.read_text()
-            if not health.exists() or "HubUnavailable" not in text:
-                return None
-            synced = json.loads(health.read_text()).get("synced")
-            line = next(line for line in text.splitlines() if "HubUnavailable" in line)
-            return f"running, synced={synced}: {line.split(': ', 1)[-1]}"
+            async def reported() -> str | None:
+                if proc.poll() is not None:
+                    return f"exited {proc.returncode}: {normalised(log.read_text())[-400:]}"
+                text = log.read_text()
+                if not health.exists() or "HubUnavailable" not in text:
+                    return None
+                synced = json.loads(health.read_text()).get("synced")
+                line = next(line for line in text.splitlines() if "HubUnavailable" in line)
+                return f"running, synced={synced}: {line.split(': ', 1)[-1]}"
 
-        return Seen(await eventually(reported, "the controller to report the unreachable hub", timeout=60))
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.to_thread(proc.wait, 30)
+            return Seen(
+                await eventually(reported, "the controller to report the unreachable hub", timeout=60)
+            )
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(proc.wait, 30)
 
 
 async def _watch_rogue(stack: Stack, agents: str, taken: list[str]) -> None:

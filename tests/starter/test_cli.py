@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from contracts.refs import OrderRef
 from contracts.worker import WorkerPhase
 from contracts.workflows import cluster_workflow_id
-from lab.http_server import free_port
+from lab.http_server import free_port, refusing_port
 from starter.api import CommandError, WorkflowState
 from starter.orders import ControllerCondition, condition_of
 from tests.starter.harness import (
@@ -347,18 +347,19 @@ async def test_worker_waits_for_temporal_at_start_then_gives_up_with_exit_3(
         if server is not None:
             server.close()
 
-    gone = await asyncio.to_thread(
-        subprocess.run,
-        [CLI, "worker"],
-        env={
-            **worker_env,
-            "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
-            "OSAC_TEMPORAL_CONNECT_SECONDS": "1",
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with refusing_port() as dead:
+        gone = await asyncio.to_thread(
+            subprocess.run,
+            [CLI, "worker"],
+            env={
+                **worker_env,
+                "TEMPORAL_ADDRESS": f"127.0.0.1:{dead}",
+                "OSAC_TEMPORAL_CONNECT_SECONDS": "1",
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert gone.returncode == 3, gone.stderr
     assert "cannot reach Temporal at 127.0.0.1:" in gone.stderr
     assert "after 1s (OSAC_TEMPORAL_CONNECT_SECONDS)" in gone.stderr
@@ -372,17 +373,18 @@ async def test_usage_errors_exit_2_and_unreachable_servers_exit_3(env: dict[str,
         ("--namespace", "Bad_NS", "not a namespace name: 'Bad_NS'"),
     ]
     # Independent processes: run at once.
-    bad, no_temporal, no_hub, port, namespace, timeout, *controller = await asyncio.gather(
-        cli(env, "status", "not-an-order"),
-        cli({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}, "status", "ns/order"),
-        cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w"),
-        # Refused before any process is started, naming the option (they were a traceback, or a
-        # pydantic error after the whole stack came up).
-        cli(env, "dev", "up", "--temporal-port", "70000", "--state-dir", "/nonexistent/dev"),
-        cli(env, "demo", "--namespace", "Bad_NS", "--state-dir", "/nonexistent/dev"),
-        cli(env, "scale", "ns/order", "--node-set", "bm-standard", "--count", "1", "--timeout", "0"),
-        *(cli(env, "controller", option, value) for option, value, _ in controller_options),
-    )
+    with refusing_port() as dead:
+        bad, no_temporal, no_hub, port, namespace, timeout, *controller = await asyncio.gather(
+            cli(env, "status", "not-an-order"),
+            cli({**env, "TEMPORAL_ADDRESS": f"127.0.0.1:{dead}"}, "status", "ns/order"),
+            cli({**env, "KUBECONFIG": "/nonexistent/kubeconfig"}, "scale-down", "ns/order", "w"),
+            # Refused before any process is started, naming the option (they were a traceback, or
+            # a pydantic error after the whole stack came up).
+            cli(env, "dev", "up", "--temporal-port", "70000", "--state-dir", "/nonexistent/dev"),
+            cli(env, "demo", "--namespace", "Bad_NS", "--state-dir", "/nonexistent/dev"),
+            cli(env, "scale", "ns/order", "--node-set", "bm-standard", "--count", "1", "--timeout", "0"),
+            *(cli(env, "controller", option, value) for option, value, _ in controller_options),
+        )
     assert bad.returncode == 2
     assert "expected <namespace>/<order>" in bad.stderr
     assert no_temporal.returncode == 3
