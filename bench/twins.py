@@ -46,14 +46,14 @@ def _serve(profile_name: str, hosts: int, state_dir: Path) -> None:
     # Imported here: the parent only needs the dataclass and the launcher.
     from bench.profiles import profile
     from lab.fulfillment.testing import start_fulfillment_twin
-    from lab.http_server import bound_socket
+    from lab.http_server import free_port
     from lab.hub.testing import CONTROLLER_USER, shared_crd_dir, start_hub
     from lab.hub_controllers.compose import build_hub_behaviour
 
     chosen = profile(profile_name)
     state_dir.mkdir(parents=True, exist_ok=True)
-    sock = bound_socket()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     controller_token, bench_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     behaviour = build_hub_behaviour(url, controller_token, chosen.agents, signing_key=b"bench", seed=7)
     shared = shared_crd_dir()
@@ -62,7 +62,7 @@ def _serve(profile_name: str, hosts: int, state_dir: Path) -> None:
         crd_dirs=[shared] if shared is not None else [],
         routers=behaviour.routers,
         services=behaviour.services,
-        sock=sock,
+        port=port,
         tokens={controller_token: CONTROLLER_USER, bench_token: BENCH_USER},
     )
     fulfillment = start_fulfillment_twin(

@@ -81,6 +81,6 @@ def serve(
     )
     try:
         run_lab(options, announce=typer.echo)
-    except (RuntimeError, OSError) as exc:  # e.g. the port is taken (the error names it)
+    except (RuntimeError, OSError) as exc:  # e.g. the port is taken: uvicorn has already said why
         typer.echo(f"lab serve: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -34,21 +34,13 @@ def distinct_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
-def bound_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A TCP socket bound now (port 0: any free one), for a server to listen on later: its port is
-    known before the app is built and no other process can take it meanwhile (a port picked by
-    `free_port` and bound later could be, by a test in another process)."""
+def bound_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound now to a free port, to listen on later or never: no other process can take
+    the port meanwhile, as it could one picked by `free_port` and bound later. (No SO_REUSEADDR:
+    with it, another socket asking for reuse could be bound beside this one until it listens.)"""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        if port:
-            # A fixed port is taken again right after a run on it stopped (its connections in
-            # TIME_WAIT), as uvicorn's own sockets do. Not for any port: another socket asking for
-            # reuse could then be bound beside this one until it listens.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(err.errno, f"cannot bind {host}:{port}: {err.strerror}") from err
+        sock.bind((host, 0))
     except BaseException:
         sock.close()
         raise
@@ -64,15 +56,9 @@ def refusing_port(host: str = "127.0.0.1") -> Iterator[int]:
 
 
 class ThreadedServer:
-    """`sock`: a socket from `bound_socket` to serve on (the server closes it); otherwise one is
-    bound to `host` and `port` (0: any free port) at once."""
-
-    def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, sock: socket.socket | None = None
-    ) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
-        self._socket = sock or bound_socket(host, port)
-        self.port = int(self._socket.getsockname()[1])
+        self.port = port or free_port(host)
         config = uvicorn.Config(
             app, host=host, port=self.port, log_level="warning", lifespan="on", access_log=False
         )
@@ -87,7 +73,7 @@ class ThreadedServer:
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._server.serve(sockets=[self._socket]))
+        self.loop.run_until_complete(self._server.serve())
 
     def start(self, timeout: float = 30.0) -> ThreadedServer:
         self._thread = threading.Thread(target=self._run, name=f"uvicorn-{self.port}", daemon=True)
@@ -95,10 +81,8 @@ class ThreadedServer:
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive():
-                self.stop()
                 raise RuntimeError(f"server on {self.url} exited during start-up")
             if time.monotonic() > deadline:
-                self.stop()
                 raise TimeoutError(f"server on {self.url} did not start within {timeout}s")
             time.sleep(0.02)
         return self
@@ -107,9 +91,6 @@ class ThreadedServer:
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
-            if self._thread.is_alive():
-                return  # still serving on it: closing it under the server helps nobody
-        self._socket.close()  # closed by the server once served; never served, here
 
     def call(self, coro: Any, timeout: float = 30.0) -> Any:
         """Run a coroutine on the server's loop (to touch twin state from another thread)."""

@@ -85,7 +85,7 @@ from lab.boot import BootSeam
 from lab.fulfillment.app import create_fulfillment_app
 from lab.fulfillment.lab import FulfillmentConfig, FulfillmentLab, new_token
 from lab.fulfillment.timings import TimingProfile, Timings
-from lab.http_server import ThreadedServer, bound_socket
+from lab.http_server import ThreadedServer, free_port
 from lab.hub.app import create_hub_app
 from lab.hub.config import HubConfig
 from lab.hub.kubeconfig import write_kubeconfig
@@ -198,8 +198,8 @@ def start_hub_twin(options: LabOptions) -> RunningHubTwin:
     tls = options.hub_tls and openssl_available()
     if options.hub_tls and not tls:
         log.warning("openssl is not installed: the hub twin serves plain http (kubectl will not send tokens)")
-    sock = bound_socket(LAB_HOST, options.hub_port or 0)
-    url = f"{'https' if tls else 'http'}://{LAB_HOST}:{sock.getsockname()[1]}"
+    port = options.hub_port or free_port(LAB_HOST)
+    url = f"{'https' if tls else 'http'}://{LAB_HOST}:{port}"
     admin_token, controller_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     ca_file = None
     if tls:
@@ -217,9 +217,9 @@ def start_hub_twin(options: LabOptions) -> RunningHubTwin:
     server: ThreadedServer
     if tls:
         assert ca_file is not None
-        server = TlsThreadedServer(app, ca_file, files.key, host=LAB_HOST, sock=sock)
+        server = TlsThreadedServer(app, ca_file, files.key, host=LAB_HOST, port=port)
     else:
-        server = ThreadedServer(app, host=LAB_HOST, sock=sock)
+        server = ThreadedServer(app, host=LAB_HOST, port=port)
     server.start()
     kubeconfig = state_dir / KUBECONFIG_FILE
     kubeconfig.unlink(missing_ok=True)  # recreated 0600 (it holds the admin token)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,16 +49,9 @@ class TlsThreadedServer(ThreadedServer):
     """ThreadedServer serving https."""
 
     def __init__(
-        self,
-        app: Any,
-        certfile: Path,
-        keyfile: Path,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        *,
-        sock: socket.socket | None = None,
+        self, app: Any, certfile: Path, keyfile: Path, host: str = "127.0.0.1", port: int = 0
     ) -> None:
-        super().__init__(app, host, port, sock=sock)
+        super().__init__(app, host, port)
         config = uvicorn.Config(
             app,
             host=host,
@@ -147,12 +139,10 @@ def start_hub(
     routers: Sequence[APIRouter] = (),
     services: Sequence[HubService] = (),
     port: int = 0,
-    sock: socket.socket | None = None,
     tls: bool = False,
     **config: Any,
 ) -> RunningHub:
-    """Start a hub (on `sock`, from `bound_socket`, when its URL had to be known before); `config`
-    holds other HubConfig fields (e.g. watch_window=5)."""
+    """Start a hub; `config` holds other HubConfig fields (e.g. watch_window=5)."""
     token, controller_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     hub_config = HubConfig(
         tokens={token: ADMIN_USER, controller_token: CONTROLLER_USER, **config.pop("tokens", {})},
@@ -165,9 +155,9 @@ def start_hub(
     if tls:
         files = self_signed_certificate(Path(workdir))
         ca_file = files.cert
-        server = TlsThreadedServer(app, files.cert, files.key, port=port, sock=sock)
+        server = TlsThreadedServer(app, files.cert, files.key, port=port)
     else:
-        server = ThreadedServer(app, port=port, sock=sock)
+        server = ThreadedServer(app, port=port)
     server.start()
     path = write_kubeconfig(Path(workdir) / "hub.kubeconfig", server.url, token, ca_file=ca_file)
     return RunningHub(server.url, token, controller_token, path, app, server, ca_file)

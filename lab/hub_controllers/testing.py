@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import httpx
 
 from lab.boot import BootedHost
-from lab.http_server import bound_socket
+from lab.http_server import free_port
 from lab.hub.testing import CONTROLLER_USER, RunningHub, shared_crd_dir, start_hub
 from lab.hub_controllers.compose import HubBehaviour, build_hub_behaviour
 from lab.hub_controllers.faults import FAULTS_PATH, AgentFaults
@@ -173,8 +173,8 @@ class Lab:
 def start_lab(workdir: Path, timings: AgentTimings | None = None, *, tls: bool = False) -> Lab:
     """A hub (real CRDs from /work/shared/crds when present) with the controllers mounted; `tls`
     serves https with the hub's self-signed certificate, which the controllers then trust."""
-    sock = bound_socket()
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{sock.getsockname()[1]}"
+    port = free_port()
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     controller_token = secrets.token_urlsafe(24)
     timings = timings or AgentTimings.zero()
     ca_file = Path(workdir) / HUB_CA_FILE_NAME if tls else None
@@ -188,7 +188,7 @@ def start_lab(workdir: Path, timings: AgentTimings | None = None, *, tls: bool =
         crd_dirs=crd_dirs,
         routers=behaviour.routers,
         services=behaviour.services,
-        sock=sock,
+        port=port,
         tls=tls,
         tokens={controller_token: CONTROLLER_USER},
     )

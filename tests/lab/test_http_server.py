@@ -1,65 +1,50 @@
-"""The twins' servers listen on a socket bound before their app is built: the port in the URL they
-were built with is theirs from then on (a port only picked, then bound later, could be taken by a
-test in another process meanwhile)."""
+"""Ports for tests that must not be taken by another process meanwhile: one held bound until a
+stand-in server listens on it, and one that refuses connections for as long as a test needs."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
 
-from lab.http_server import ThreadedServer, bound_socket, refusing_port
+from lab.http_server import bound_socket, refusing_port
 
 
-async def _hello(_request: Request) -> PlainTextResponse:
-    return PlainTextResponse("hello")
+def _bind_beside(port: int, reuse: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, reuse)
+        other.bind(("127.0.0.1", port))
 
 
-APP = Starlette(routes=[Route("/", _hello)])
-
-
-def test_a_reserved_port_is_held_until_its_server_serves_and_released_after() -> None:
+async def test_a_bound_socket_holds_its_port_until_a_server_listens_on_it() -> None:
     sock = bound_socket()
     port = sock.getsockname()[1]
-    for reuse in (0, 1):  # another process binding the same port cannot have it, even asking for reuse
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
-            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, reuse)
-            other.bind(("127.0.0.1", port))
-    with ThreadedServer(APP, sock=sock) as server:
-        assert server.port == port
-        assert httpx.get(f"{server.url}/").text == "hello"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
-        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        again.bind(("127.0.0.1", port))  # free once the server stopped
+    for reuse in (0, 1):  # another process cannot have it, even asking for reuse
+        with pytest.raises(OSError):
+            _bind_beside(port, reuse)
 
+    async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"hello")
+        await writer.drain()
+        writer.close()
 
-def test_a_server_never_started_gives_its_port_back() -> None:
-    server = ThreadedServer(APP)
-    port = server.port
-    server.stop()
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
-        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        again.bind(("127.0.0.1", port))
-
-
-def test_a_fixed_port_in_use_is_refused_at_once_naming_it() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        with pytest.raises(OSError, match=f"cannot bind 127.0.0.1:{port}"):
-            ThreadedServer(APP, port=port)
+    server = await asyncio.start_server(hello, sock=sock)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await reader.read() == b"hello"
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def test_a_refusing_port_refuses_and_nobody_else_listens_on_it() -> None:
     with refusing_port() as port:
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError):
-            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            other.bind(("127.0.0.1", port))
+        for reuse in (0, 1):
+            with pytest.raises(OSError):
+                _bind_beside(port, reuse)
+    _bind_beside(port, 1)  # given back after the block

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from contracts.refs import OrderRef
 from contracts.worker import WorkerPhase
 from contracts.workflows import cluster_workflow_id
-from lab.http_server import free_port, refusing_port
+from lab.http_server import bound_socket, free_port, refusing_port
 from starter.api import CommandError, WorkflowState
 from starter.orders import ControllerCondition, condition_of
 from tests.starter.harness import (
@@ -300,7 +300,8 @@ async def test_worker_waits_for_temporal_at_start_then_gives_up_with_exit_3(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     """Started before Temporal (or while it restarts), the worker keeps trying instead of exiting."""
-    port = free_port()
+    reserved = bound_socket()  # refuses until it serves, and nobody else can take it meanwhile
+    port = reserved.getsockname()[1]
     target = env["TEMPORAL_ADDRESS"].rsplit(":", 1)
     queue = f"late-temporal-{free_port()}"
     worker_env = {
@@ -337,7 +338,7 @@ async def test_worker_waits_for_temporal_at_start_then_gives_up_with_exit_3(
     try:
         await logged("Temporal is not reachable yet")
         # Temporal "comes up" on the configured address: the worker connects without a restart.
-        server = await asyncio.start_server(forward, "127.0.0.1", port)
+        server = await asyncio.start_server(forward, sock=reserved)
         await logged(f"worker running on task queues {queue}")
         proc.terminate()
         assert await asyncio.to_thread(proc.wait, 60) == 0, log.read_text()
@@ -346,6 +347,7 @@ async def test_worker_waits_for_temporal_at_start_then_gives_up_with_exit_3(
             proc.kill()
         if server is not None:
             server.close()
+        reserved.close()
 
     with refusing_port() as dead:
         gone = await asyncio.to_thread(
