@@ -231,8 +231,10 @@ class WorkersApi:
                 try:
                     return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
                 except RPCError as err:
-                    if err.status == RPCStatusCode.FAILED_PRECONDITION:
-                        await self._refuse_if_stopped(order, None, err)
+                    state = _STATES.get(described or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
+                    if err.status == RPCStatusCode.FAILED_PRECONDITION and state.closed_abnormally:
+                        # The run followed, not the latest: see `_refuse_if_stopped`.
+                        raise CommandError(stopped_run_text(order, state)) from err
                     raise
             async for event in handle.fetch_history_events(
                 event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT

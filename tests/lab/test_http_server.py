@@ -21,9 +21,13 @@ def _bind_beside(port: int, reuse: int) -> None:
 async def test_a_bound_socket_holds_its_port_until_a_server_listens_on_it() -> None:
     sock = bound_socket()
     port = sock.getsockname()[1]
-    for reuse in (0, 1):  # another process cannot have it, even asking for reuse
-        with pytest.raises(OSError):
-            _bind_beside(port, reuse)
+    try:
+        for reuse in (0, 1):  # another process cannot have it, even asking for reuse
+            with pytest.raises(OSError):
+                _bind_beside(port, reuse)
+    except BaseException:
+        sock.close()
+        raise
 
     async def hello(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"hello")
@@ -43,8 +47,7 @@ async def test_a_bound_socket_holds_its_port_until_a_server_listens_on_it() -> N
 def test_a_refusing_port_refuses_and_nobody_else_listens_on_it() -> None:
     with refusing_port() as port:
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{port}/")
+            httpx.get(f"http://127.0.0.1:{port}/", trust_env=False)  # no proxy in between
         for reuse in (0, 1):
             with pytest.raises(OSError):
                 _bind_beside(port, reuse)
-    _bind_beside(port, 1)  # given back after the block

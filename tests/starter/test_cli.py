@@ -9,9 +9,11 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.refs import OrderRef
@@ -176,10 +178,13 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change
 
     async def started() -> bool:
         # Answered by a worker: its first task ran (a run closed before that is the next test's).
-        return (
-            await stack.api.workflow_state(order) == WorkflowState.RUNNING
-            and (await stack.api.status(order)).node_sets != []
-        )
+        try:
+            return (
+                await stack.api.workflow_state(order) == WorkflowState.RUNNING
+                and (await stack.api.status(order)).node_sets != []
+            )
+        except (RPCError, CommandError):
+            return False  # not answered yet
 
     await eventually(started, "the controller to start the order's workflow")
     await stack.api.handle(order).terminate(reason="test")
@@ -214,14 +219,15 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_before_its_first_
     )
     await handle.terminate(reason="test")
     stopped = f"the workers workflow of order {order.key} is Terminated: it takes no change"
-    for command in (
-        stack.api.status(order),
-        stack.api.scale(order, "bm-standard", 1),
-        stack.api.scale_down_worker(order, order.worker_name(0)),
-        stack.api.run_status(order, handle.result_run_id or ""),  # `decommission --wait` follows it
-    ):
+    commands: list[Callable[[], Awaitable[object]]] = [
+        lambda: stack.api.status(order),
+        lambda: stack.api.scale(order, "bm-standard", 1),
+        lambda: stack.api.scale_down_worker(order, order.worker_name(0)),
+        lambda: stack.api.run_status(order, handle.result_run_id or ""),  # `decommission --wait`
+    ]
+    for command in commands:
         with pytest.raises(CommandError) as refused:
-            await command
+            await command()
         assert stopped in str(refused.value)
     shown = await cli(env, "status", order.key)
     assert shown.returncode == 1, (shown.stdout, shown.stderr)

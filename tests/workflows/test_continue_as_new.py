@@ -419,9 +419,15 @@ async def test_a_last_status_write_seen_a_task_later_replays(stack: Stack) -> No
         assert last_write > give_up[0], f"run {run.run_id}: the last write ended before its give-up timer"
         between = [e.event_type for e in events if give_up[0] < e.event_id < last_write]
         assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in between, "not the write's own task"
+        after = [e.event_type for e in events if e.event_id > last_write]
+        if after[:-1] == [
+            EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
+            EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED,
+            EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+        ]:
+            split.append(history)  # the race itself, recorded live (the harness's queries)
+            continue
         # Nothing after the write but the run's end: the split below is the race, nothing else.
-        assert events[-1].event_id == last_write + 1, [
-            e.event_type for e in events if e.event_id > last_write
-        ]
+        assert len(after) == 1, after
         split.append(_answered_a_task_later(history, last_write))
     await replay_clean(split)
