@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from contracts.hub import normalize_mac
+from contracts.hub import normalize_macs
 from contracts.refs import DNS_LABEL, NetworkAttachmentRef, OrderRef
 from contracts.worker import CarriesReport
 
@@ -251,7 +251,7 @@ class ListOrderInstancesInput(CarriesReport):
     @field_validator("macs")
     @classmethod
     def _normalize_macs(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else sorted({normalize_mac(mac) for mac in value})
+        return None if value is None else normalize_macs(value)
 
 
 class OrderInstances(BaseModel):
@@ -273,7 +273,7 @@ class FindInstancesWithMacsInput(CarriesReport):
     @field_validator("macs")
     @classmethod
     def _normalize_macs(cls, value: list[str]) -> list[str]:
-        return sorted({normalize_mac(mac) for mac in value})
+        return normalize_macs(value)
 
 
 class FindLostInstancesInput(BaseModel):

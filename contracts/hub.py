@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
@@ -230,6 +231,11 @@ def normalize_mac(value: str) -> str:
     if not _MAC_HEX.fullmatch(digits):
         raise ValueError(f"not a MAC address: {value!r}")
     return ":".join(digits[i : i + 2] for i in range(0, len(digits), 2))
+
+
+def normalize_macs(values: Iterable[str]) -> list[str]:
+    """A list of MACs as inputs carry them: each normalised (`normalize_mac`), once, sorted."""
+    return sorted({normalize_mac(mac) for mac in values})
 
 
 def _aware(value: datetime) -> datetime:
@@ -458,7 +464,7 @@ class WaitAgentInput(BaseModel):
     @field_validator("macs")
     @classmethod
     def _normalize_macs(cls, value: list[str]) -> list[str]:
-        return sorted({normalize_mac(mac) for mac in value})
+        return normalize_macs(value)
 
     @field_validator("deadline")
     @classmethod
@@ -626,7 +632,7 @@ class ReleaseStaleAgentsInput(BaseModel):
     @field_validator("macs")
     @classmethod
     def _normalize_macs(cls, value: list[str]) -> list[str]:
-        return sorted({normalize_mac(mac) for mac in value})
+        return normalize_macs(value)
 
 
 class ReleaseWipedHostAgentsInput(ReleaseStaleAgentsInput):

@@ -101,6 +101,11 @@ _STATES = {
     WorkflowExecutionStatus.TIMED_OUT: WorkflowState.TIMED_OUT,
 }
 
+
+def _state_of(status: WorkflowExecutionStatus | None) -> WorkflowState:
+    return _STATES.get(status or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
+
+
 # A query is answered by a worker; without one it would wait for the server's long default.
 QUERY_TIMEOUT = timedelta(seconds=20)
 
@@ -192,18 +197,23 @@ class WorkersApi:
                     f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
                     f" queue {self.task_queue}?)"
                 ) from err
-            if err.status == RPCStatusCode.FAILED_PRECONDITION:
-                await self._refuse_if_stopped(order, field, err)
+            await self._refuse_if_stopped(order, err, field=field)
             raise
 
-    async def _refuse_if_stopped(self, order: OrderRef, field: str | None, err: RPCError) -> None:
+    async def _refuse_if_stopped(
+        self, order: OrderRef, err: RPCError, *, field: str | None = None, state: WorkflowState | None = None
+    ) -> None:
         """A run closed before its first workflow task has no state to replay, and the server
-        refuses queries on it ("closed before WorkflowTaskStarted"): say what stopped it. Anything
-        else (a running run whose task keeps failing, say), or no answer, leaves `err` as it is."""
-        try:
-            state = await self.workflow_state(order)
-        except RPCError:
+        refuses queries on it ("closed before WorkflowTaskStarted"): say what stopped it (`state`:
+        that run's, when known; otherwise the latest run's). Anything else (a running run whose
+        task keeps failing, say), or no answer, leaves `err` as it is."""
+        if err.status != RPCStatusCode.FAILED_PRECONDITION:
             return
+        if state is None:
+            try:
+                state = await self.workflow_state(order)
+            except RPCError:
+                return
         if state.closed_abnormally:
             prefix = f"{field}: " if field else ""
             raise CommandError(prefix + stopped_run_text(order, state)) from err
@@ -231,10 +241,7 @@ class WorkersApi:
                 try:
                     return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
                 except RPCError as err:
-                    state = _STATES.get(described or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
-                    if err.status == RPCStatusCode.FAILED_PRECONDITION and state.closed_abnormally:
-                        # The run followed, not the latest: see `_refuse_if_stopped`.
-                        raise CommandError(stopped_run_text(order, state)) from err
+                    await self._refuse_if_stopped(order, err, state=_state_of(described))  # this run's
                     raise
             async for event in handle.fetch_history_events(
                 event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
@@ -250,8 +257,7 @@ class WorkersApi:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return LatestRun(WorkflowState.ABSENT)
             raise
-        state = _STATES.get(description.status or WorkflowExecutionStatus.RUNNING, WorkflowState.RUNNING)
-        return LatestRun(state, description.run_id)
+        return LatestRun(_state_of(description.status), description.run_id)
 
     async def workflow_state(self, order: OrderRef) -> WorkflowState:
         """The latest run's state, from the server (needs no worker)."""
