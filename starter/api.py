@@ -54,6 +54,10 @@ class OrderNotFound(CommandError):
     pass
 
 
+class StatusUnanswered(CommandError):
+    """No worker answered the status query in time: busy or down, so asking again may succeed."""
+
+
 class WorkflowState(StrEnum):
     """Where an order's workers workflow stands (its latest run)."""
 
@@ -108,6 +112,9 @@ def _state_of(status: WorkflowExecutionStatus | None) -> WorkflowState:
 
 # A query is answered by a worker; without one it would wait for the server's long default.
 QUERY_TIMEOUT = timedelta(seconds=20)
+# A query nobody answered by QUERY_TIMEOUT: the server's DEADLINE_EXCEEDED, or the client's own
+# deadline first (the SDK's CANCELLED "Timeout expired"), whichever comes first.
+QUERY_UNANSWERED = frozenset({RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED})
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> CommandError:
@@ -191,14 +198,17 @@ class WorkersApi:
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
-            if err.status == RPCStatusCode.DEADLINE_EXCEEDED:
-                raise CommandError(
-                    f"order {order.key}: no worker answered the status query within"
-                    f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
-                    f" queue {self.task_queue}?)"
-                ) from err
+            if err.status in QUERY_UNANSWERED:
+                raise self._unanswered(order) from err
             await self._refuse_if_stopped(order, err, field=field)
             raise
+
+    def _unanswered(self, order: OrderRef) -> StatusUnanswered:
+        return StatusUnanswered(
+            f"order {order.key}: no worker answered the status query within"
+            f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
+            f" queue {self.task_queue}?)"
+        )
 
     async def _refuse_if_stopped(
         self, order: OrderRef, err: RPCError, *, field: str | None = None, state: WorkflowState | None = None
@@ -241,6 +251,8 @@ class WorkersApi:
                 try:
                     return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
                 except RPCError as err:
+                    if err.status in QUERY_UNANSWERED:
+                        raise self._unanswered(order) from err
                     await self._refuse_if_stopped(order, err, state=_state_of(described))  # this run's
                     raise
             async for event in handle.fetch_history_events(

@@ -28,7 +28,7 @@ from activities.kube import HubApiError, HubUnavailable
 from contracts.refs import DNS_LABEL, OrderRef
 from contracts.workflows import ClusterWorkersStatus
 from lab.cli import lab_app
-from starter.api import CommandError, OrderNotFound
+from starter.api import CommandError, OrderNotFound, StatusUnanswered
 from starter.controller import ClusterOrderController
 from starter.demo import demo_command
 from starter.dev import dev_app
@@ -249,11 +249,12 @@ async def _follow(
     fetch_status: Callable[[OrderRef], Awaitable[ClusterWorkersStatus]], ref: OrderRef, timeout: float | None
 ) -> ClusterWorkersStatus | None:
     told = False
+    unanswered = False
 
     async def fetch() -> ClusterWorkersStatus | None:
-        nonlocal told
+        nonlocal told, unanswered
         try:
-            return await fetch_status(ref)
+            status = await fetch_status(ref)
         except OrderNotFound:  # not started yet (the controller may not have seen the order)
             if not told:  # a mistyped name would otherwise wait in silence
                 told = True
@@ -263,6 +264,14 @@ async def _follow(
                     err=True,
                 )
             return None
+        except StatusUnanswered as err:
+            # A worker restarting (a rolling deploy) or busy: the follow goes on, said once per gap.
+            if not unanswered:
+                unanswered = True
+                warn(f"{err}; still waiting")
+            return None
+        unanswered = False
+        return status
 
     return await follow(fetch, timeout=timeout)
 

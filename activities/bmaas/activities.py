@@ -542,9 +542,12 @@ class BmaasActivities:
 
     @activity.defn
     @delivers_reports
+    @refusals_waited_out
     async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
         """Every BMI of an order (any state, DELETING included), or only those named `req.name`,
-        or only those whose NICs carry one of `req.macs`; sorted by name."""
+        or only those whose NICs carry one of `req.macs`; sorted by name. Only releases call it (a
+        restarted one, one after an unanswered create, the sweep after a wipe): refusals are
+        retried as for the release's delete."""
         listed_at = _now()
         snapshots = await order_snapshots(self.client, req.order)
         wanted = None if req.macs is None else set(req.macs)

@@ -44,7 +44,7 @@ from contracts.workflows import (
     worker_workflow_id,
 )
 from lab.hub_controllers.agent_boot import BootOutcome
-from starter.api import CommandError, WorkflowState
+from starter.api import CommandError, StatusUnanswered, WorkflowState
 from tests.workflows.stack import INSTANCE_TYPES, Stack, running_stack
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
@@ -131,8 +131,7 @@ def _transient(err: BaseException) -> bool:
         return True
     if isinstance(err, RPCError):
         return err.status in TRANSIENT_RPC
-    # The library wraps a query nobody answered (a killed worker) in a CommandError.
-    return isinstance(err, CommandError) and err.__cause__ is not None and _transient(err.__cause__)
+    return isinstance(err, StatusUnanswered)  # a query nobody answered (a killed worker)
 
 
 async def retry_rpc(call: Callable[[], Awaitable[T]], what: str, deadline_s: float) -> T:

@@ -11,6 +11,7 @@ from activities.bmaas import BmaasActivities, BmaasClient, BmiWatcher
 from contracts.bmaas import (
     BmaasErrorType,
     FindInstancesWithMacsInput,
+    FindLostInstancesInput,
     InstanceRef,
     ListOrderInstancesInput,
     WaitInstanceGoneInput,
@@ -21,6 +22,8 @@ from lab.fulfillment.testing import bmi_body
 from tests.activities.conftest import Harness
 
 ORDER = ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="order1"))
+# The Ready workers' check, where a refusal fails the call at once (the next check asks again).
+READY_CHECK = FindLostInstancesInput(order=ORDER.order, bmi_ids=["bmi-ready"])
 
 
 async def _error(harness: Harness, fn: object, arg: object) -> ApplicationError:
@@ -31,7 +34,7 @@ async def _error(harness: Harness, fn: object, arg: object) -> ApplicationError:
 
 async def test_wrong_token_is_unauthenticated(harness: Harness) -> None:
     harness.token_file.write_text("not-the-admin-token-at-all\n")
-    err = await _error(harness, harness.acts.list_order_instances, ORDER)
+    err = await _error(harness, harness.acts.find_lost_instances, READY_CHECK)
     assert err.type == BmaasErrorType.UNAUTHENTICATED.value and err.non_retryable
     assert "not-the-admin-token-at-all" not in err.message
     harness.secrets.append("not-the-admin-token-at-all")
@@ -40,7 +43,7 @@ async def test_wrong_token_is_unauthenticated(harness: Harness) -> None:
 async def test_tenant_token_is_permission_denied(harness: Harness) -> None:
     harness.token_file.write_text(harness.twin.tenant_token)
     harness.secrets.append(harness.twin.tenant_token)
-    err = await _error(harness, harness.acts.list_order_instances, ORDER)
+    err = await _error(harness, harness.acts.find_lost_instances, READY_CHECK)
     assert err.type == BmaasErrorType.PERMISSION_DENIED.value and err.non_retryable
 
 
@@ -63,6 +66,8 @@ async def test_refusals_while_a_host_is_allocated_are_retried_not_fatal(
         # The release: its delete, and its wait for the wipe of a BMI the watcher has not seen.
         (harness.acts.delete_instance, InstanceRef(bmi_id="bmi-leaving")),
         (harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id="bmi-leaving")),
+        # A restarted release's look for the slot's BMIs (and the sweep's after the wipe).
+        (harness.acts.list_order_instances, ORDER.model_copy(update={"name": "order1-worker-0"})),
     ]
     for fn, arg in calls:
         err = await _error(harness, fn, arg)
@@ -81,7 +86,7 @@ async def test_token_rotation_is_picked_up(harness: Harness) -> None:
 
     harness.twin.call(rotate())
     # The server moved on; until the file follows, calls are refused...
-    err = await _error(harness, harness.acts.list_order_instances, ORDER)
+    err = await _error(harness, harness.acts.find_lost_instances, READY_CHECK)
     assert err.type == BmaasErrorType.UNAUTHENTICATED.value
     # ...and once the mounted secret is updated, the same client uses it without a restart.
     harness.token_file.write_text(rotated + "\n")
@@ -154,7 +159,8 @@ async def test_hanging_calls_time_out_retryably(harness: Harness) -> None:
         err = await _error(harness, acts.list_order_instances, ORDER)
         assert err.type == BmaasErrorType.TRANSPORT.value and not err.non_retryable
         await harness.lab.faults(routes={"GET /api/private/v1/baremetal_instances": {"error_rate": 1.0}})
-        err = await _error(harness, acts.list_order_instances, ORDER)
+        # The harness's client (10 s): a 503 slower than a second on a loaded machine is still one.
+        err = await _error(harness, harness.acts.list_order_instances, ORDER)
         assert err.type == BmaasErrorType.UNAVAILABLE.value and not err.non_retryable
         assert "injected error" in err.message  # the server's message is kept
     finally:

@@ -25,7 +25,9 @@ from tests.activities.conftest import Harness
 
 WAIT = timedelta(seconds=60)
 CALL = timedelta(seconds=30)
-HEARTBEAT = timedelta(seconds=3)
+# Long enough that the SDK's throttled heartbeat (80 % of it after the first) lands with room to
+# spare on a loaded machine.
+HEARTBEAT = timedelta(seconds=8)
 RETRY = RetryPolicy(maximum_interval=timedelta(seconds=1))
 
 
@@ -126,8 +128,8 @@ async def test_typed_failure_through_a_worker(harness: Harness, temporal_env: Wo
 async def test_paced_heartbeats_keep_a_wait_longer_than_its_heartbeat_timeout_alive(
     harness: Harness, temporal_env: WorkflowEnvironment
 ) -> None:
-    # Ticks of a third of the timeout (1 s): the first heartbeat a tick into the wait, then one a
-    # tick at most. A boot longer than the whole timeout must still be waited out in one attempt.
+    # Ticks of a third of the timeout: the first heartbeat a tick into the wait, then one a tick at
+    # most. A boot longer than the whole timeout must still be waited out in one attempt.
     harness.acts.heartbeat_interval = 60.0
     await harness.lab.timings(boot_s=HEARTBEAT.total_seconds() + 1.5, wipe_s=0.3)
     workflow_id = f"bmaas-paced-{uuid.uuid4().hex[:8]}"

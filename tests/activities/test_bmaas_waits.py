@@ -31,19 +31,23 @@ def progress(harness: Harness) -> list[WaitProgress]:
 
 
 async def test_wait_running_returns_every_mac(harness: Harness) -> None:
-    await harness.lab.timings(boot_s=0.5)
+    await harness.lab.timings(boot_s=60.0)  # booting until the wait has said so
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    running = await harness.run(
-        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    waiting = asyncio.ensure_future(
+        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
     )
+    try:
+        await wait_for(lambda: _heartbeated(harness, BmiState.PROVISIONING), what="a PROVISIONING heartbeat")
+        await harness.lab.timings(boot_s=0.0)
+        running = await asyncio.wait_for(waiting, 20)
+    finally:
+        waiting.cancel()
 
     host = next(h for h in await harness.lab.hosts() if h["bmi_id"] == created.instance.id)
     assert running.macs == sorted(nic["mac"] for nic in host["nics"])
     assert len(running.macs) == 2  # management and fabric NICs: all of them, not just the first
     assert all(mac == mac.lower() and mac.count(":") == 5 for mac in running.macs)
     assert running.name == "order1-worker-0"
-    # It waited, heartbeating its state on the way.
-    assert any(p.state == BmiState.PROVISIONING for p in progress(harness))
 
 
 async def test_wait_running_normalises_every_nic_as_agents_do_and_fails_a_host_with_no_mac(
@@ -183,7 +187,7 @@ async def test_waits_survive_503s_and_latency(harness: Harness) -> None:
 
 async def test_watch_cut_relists_and_still_wakes(harness: Harness) -> None:
     harness.watcher.poll_initial = 600.0  # no polling: only the re-list after reconnecting can tell
-    await harness.lab.timings(boot_s=1.0)
+    await harness.lab.timings(boot_s=60.0)  # booting until the stream is down
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
     wait = asyncio.create_task(
         harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
@@ -195,6 +199,7 @@ async def test_watch_cut_relists_and_still_wakes(harness: Harness) -> None:
     await harness.lab.faults(routes={"/api/private/v1/events/watch": {"error_rate": 1.0}})
     assert harness.transport.cut_watches() == 1
     await wait_for(lambda: _stream_down(harness), what="stream down")
+    await harness.lab.timings(boot_s=0.0)
     await wait_for(lambda: _twin_state(harness, created.instance.id, BmiState.RUNNING), what="BMI running")
     assert not wait.done()  # missed the event: nothing can have told it yet
 
@@ -206,19 +211,24 @@ async def test_watch_cut_relists_and_still_wakes(harness: Harness) -> None:
 
 
 async def test_polls_while_the_stream_is_down(harness: Harness) -> None:
-    await harness.lab.timings(boot_s=1.0)
+    await harness.lab.timings(boot_s=60.0)  # booting until the wait has polled
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
     await harness.lab.faults(routes={"/api/private/v1/events/watch": {"error_rate": 1.0}})
     harness.transport.cut_watches()
     await wait_for(lambda: _stream_down(harness), what="stream down")
 
-    running = await harness.run(
-        harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id)
+    waiting = asyncio.ensure_future(
+        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
     )
+    try:
+        await wait_for(lambda: _polled_beat(harness), what="a heartbeat of a polled state")
+        await harness.lab.timings(boot_s=0.0)
+        running = await asyncio.wait_for(waiting, 20)
+    finally:
+        waiting.cancel()
     assert len(running.macs) == 2
     assert not harness.watcher.streaming
     assert harness.watcher.stats.polls >= 1
-    assert any(p.observed_via == "polling" for p in progress(harness))
 
 
 async def test_delete_is_idempotent(harness: Harness) -> None:
@@ -280,6 +290,14 @@ async def _checked(count: Callable[[], int]) -> bool:
 
 async def _has_progress(harness: Harness) -> bool:
     return bool(progress(harness))
+
+
+async def _heartbeated(harness: Harness, state: BmiState) -> bool:
+    return any(p.state == state for p in progress(harness))
+
+
+async def _polled_beat(harness: Harness) -> bool:
+    return any(p.observed_via == "polling" for p in progress(harness))
 
 
 async def _stream_down(harness: Harness) -> bool:

@@ -105,7 +105,8 @@ async def test_an_agent_unbound_while_the_cache_is_blind_is_seen_at_the_deadline
             status=True,
         )
         run = kit.run()
-        wait = WaitAgentUnboundInput(agent=AgentRef(namespace="default", name="first"), deadline=_deadline(3))
+        # The deadline's fresh read must come after the patches below: room for a loaded machine.
+        wait = WaitAgentUnboundInput(agent=AgentRef(namespace="default", name="first"), deadline=_deadline(6))
         task = run.start(assisted.wait_agent_unbound, wait)
         await run.first_heartbeat()  # past its first, fresh read: claimed, so it waits
         own.patch(

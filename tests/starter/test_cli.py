@@ -10,17 +10,20 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+import starter.api
+import starter.cli
 from contracts.refs import OrderRef
 from contracts.worker import WorkerPhase
-from contracts.workflows import cluster_workflow_id
+from contracts.workflows import ClusterWorkersStatus, cluster_workflow_id
 from lab.http_server import bound_socket, free_port, refusing_port
-from starter.api import CommandError, WorkflowState
+from starter.api import CommandError, StatusUnanswered, WorkflowState
 from starter.orders import ControllerCondition, condition_of
 from tests.starter.harness import (
     CONFIRM,
@@ -233,6 +236,47 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_before_its_first_
     assert shown.returncode == 1, (shown.stdout, shown.stderr)
     assert stopped in " ".join(shown.stderr.split())
     assert await stack.bmis(order) == []
+
+
+async def test_a_status_no_worker_answers_in_time_is_said_to_be_unanswered(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A running order's workflow nobody polls for: the query times out, and the error says so in
+    its own type, which callers (and the tests' waits) take as "ask again"."""
+    monkeypatch.setattr(starter.api, "QUERY_TIMEOUT", timedelta(seconds=2))
+    order = OrderRef(namespace=f"t-{uuid.uuid4().hex[:8]}", name="unpolled")
+    handle = await stack.client.start_workflow(
+        "ClusterWorkersWorkflow",
+        id=cluster_workflow_id(order),
+        task_queue=f"{stack.settings.task_queue}-nobody",
+    )
+    try:
+        with pytest.raises(StatusUnanswered) as unanswered:
+            await stack.api.status(order)
+        assert f"order {order.key}: no worker answered the status query within 2s" in str(unanswered.value)
+        with pytest.raises(AssertionError, match="no worker answered"):
+            await eventually(lambda: stack.api.status(order), "an answer", timeout=1)
+        # `watch` and `decommission --wait` go on past it (a worker restarting), saying so once.
+        done = ClusterWorkersStatus.model_validate(
+            {
+                "order": order, "node_sets": [], "desired_workers": 0, "current_workers": 0,
+                "ready_workers": 0, "workers": [], "conditions": [], "decommissioning": False,
+                "finished": True, "ignored_scale_downs": [],
+            }
+        )  # fmt: skip
+        asked: list[OrderRef] = []
+
+        async def answered_after_two_gaps(ref: OrderRef) -> ClusterWorkersStatus:
+            asked.append(ref)
+            return done if len(asked) > 2 else await stack.api.status(ref)
+
+        followed = await starter.cli._follow(answered_after_two_gaps, order, timeout=120)
+        assert followed == done and len(asked) == 3
+        warned = " ".join(capsys.readouterr().err.split())
+        assert warned.count("no worker answered the status query") == 1, warned
+        assert "still waiting" in warned
+    finally:
+        await handle.terminate(reason="test")
 
 
 async def test_decommission_of_an_order_the_controller_leaves_alone(

@@ -37,7 +37,7 @@ from lab.fulfillment.testing import RunningFulfillmentTwin, start_fulfillment_tw
 from lab.fulfillment.timings import Timings
 from lab.hub_controllers.testing import Lab, start_lab
 from lab.hub_controllers.timings import AgentTimings
-from starter.api import WorkersApi
+from starter.api import StatusUnanswered, WorkersApi
 from worker.main import run_worker
 from worker.settings import Settings
 from workflows.cluster_workers import ClusterWorkersWorkflow
@@ -87,13 +87,18 @@ def fast_policy(**overrides: Any) -> TimingPolicy:
 async def eventually(
     probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 90.0, interval: float = 0.2
 ) -> T:
-    """Poll until `probe` returns something truthy; generous deadlines for a noisy 2-core machine."""
+    """Poll until `probe` returns something truthy; generous deadlines for a noisy 2-core machine.
+    A status query no worker answered in time (a long workflow task, a worker moving) is asked again."""
     deadline = time.monotonic() + timeout
-    last: T | None = None
+    last: T | StatusUnanswered | None = None
     while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
+        try:
+            last = await probe()
+        except StatusUnanswered as unanswered:
+            last = unanswered
+        else:
+            if last:
+                return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
 
