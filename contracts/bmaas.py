@@ -247,6 +247,8 @@ class ListOrderInstancesInput(CarriesReport):
     name: str | None = None
     # Only the BMIs whose NICs carry one of these MACs (whose host it is).
     macs: list[str] | None = Field(default=None, min_length=1)
+    # A 401/403 fails the call at once instead of being retried: for a best-effort caller.
+    give_up_on_refusal: bool = False
 
     @field_validator("macs")
     @classmethod

@@ -14,10 +14,12 @@ Wire contract (what a Go caller needs; JSON Schemas of every payload are in `sch
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 from temporalio.client import (
     Client,
@@ -112,9 +114,14 @@ def _state_of(status: WorkflowExecutionStatus | None) -> WorkflowState:
 
 # A query is answered by a worker; without one it would wait for the server's long default.
 QUERY_TIMEOUT = timedelta(seconds=20)
-# A query nobody answered by QUERY_TIMEOUT: the server's DEADLINE_EXCEEDED, or the client's own
-# deadline first (the SDK's CANCELLED "Timeout expired"), whichever comes first.
-QUERY_UNANSWERED = frozenset({RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED})
+
+
+def _unanswered(err: RPCError, waited: float) -> bool:
+    """No worker answered by QUERY_TIMEOUT: the server's DEADLINE_EXCEEDED, or the client's own
+    deadline first (the SDK's CANCELLED "Timeout expired"); a CANCELLED sooner is something else."""
+    if err.status == RPCStatusCode.DEADLINE_EXCEEDED:
+        return True
+    return err.status == RPCStatusCode.CANCELLED and waited >= 0.9 * QUERY_TIMEOUT.total_seconds()
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> CommandError:
@@ -194,21 +201,37 @@ class WorkersApi:
         """The latest run's status (its `status` query). `field`: the input a command's refusal
         names when the run turns out stopped."""
         try:
-            return await self.handle(order).query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
+            return await self._query_status(self.handle(order), order, field=field)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
-            if err.status in QUERY_UNANSWERED:
-                raise self._unanswered(order) from err
-            await self._refuse_if_stopped(order, err, field=field)
             raise
 
-    def _unanswered(self, order: OrderRef) -> StatusUnanswered:
-        return StatusUnanswered(
-            f"order {order.key}: no worker answered the status query within"
-            f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
-            f" queue {self.task_queue}?)"
-        )
+    async def _query_status(
+        self,
+        handle: WorkflowHandle[Any, Any],
+        order: OrderRef,
+        *,
+        field: str | None = None,
+        state: WorkflowState | None = None,
+    ) -> ClusterWorkersStatus:
+        """The `status` query of `handle`'s run. No answer in time is StatusUnanswered; a stopped
+        run's refusal is explained (`_refuse_if_stopped`); any other error is left as it is."""
+        started = time.monotonic()
+        try:
+            result: ClusterWorkersStatus = await handle.query(
+                ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT
+            )
+            return result
+        except RPCError as err:
+            if _unanswered(err, time.monotonic() - started):
+                raise StatusUnanswered(
+                    f"order {order.key}: no worker answered the status query within"
+                    f" {QUERY_TIMEOUT.total_seconds():.0f}s (is `osac-workers worker` running on task"
+                    f" queue {self.task_queue}?)"
+                ) from err
+            await self._refuse_if_stopped(order, err, field=field, state=state)
+            raise
 
     async def _refuse_if_stopped(
         self, order: OrderRef, err: RPCError, *, field: str | None = None, state: WorkflowState | None = None
@@ -248,13 +271,7 @@ class WorkersApi:
             if described == WorkflowExecutionStatus.COMPLETED:
                 return await handle.result(follow_runs=False)
             if described != WorkflowExecutionStatus.CONTINUED_AS_NEW:
-                try:
-                    return await handle.query(ClusterWorkersWorkflow.status, rpc_timeout=QUERY_TIMEOUT)
-                except RPCError as err:
-                    if err.status in QUERY_UNANSWERED:
-                        raise self._unanswered(order) from err
-                    await self._refuse_if_stopped(order, err, state=_state_of(described))  # this run's
-                    raise
+                return await self._query_status(handle, order, state=_state_of(described))  # this run's
             async for event in handle.fetch_history_events(
                 event_filter_type=WorkflowHistoryEventFilterType.CLOSE_EVENT
             ):

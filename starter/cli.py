@@ -28,13 +28,13 @@ from activities.kube import HubApiError, HubUnavailable
 from contracts.refs import DNS_LABEL, OrderRef
 from contracts.workflows import ClusterWorkersStatus
 from lab.cli import lab_app
-from starter.api import CommandError, OrderNotFound, StatusUnanswered
+from starter.api import CommandError
 from starter.controller import ClusterOrderController
 from starter.demo import demo_command
 from starter.dev import dev_app
 from starter.operations import DEFAULT_SCALE_TIMEOUT
 from starter.orders import OrderChangeError
-from starter.render import follow, settled, summary_line, workers_table
+from starter.render import follow, settled, status_feed, summary_line, workers_table
 from starter.runtime import (
     Unreachable,
     bmaas_client,
@@ -150,7 +150,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False)
+    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
 def print_status(status: ClusterWorkersStatus, output: OutputFormat) -> None:
@@ -248,32 +248,12 @@ def decommission(
 async def _follow(
     fetch_status: Callable[[OrderRef], Awaitable[ClusterWorkersStatus]], ref: OrderRef, timeout: float | None
 ) -> ClusterWorkersStatus | None:
-    told = False
-    unanswered = False
-
-    async def fetch() -> ClusterWorkersStatus | None:
-        nonlocal told, unanswered
-        try:
-            status = await fetch_status(ref)
-        except OrderNotFound:  # not started yet (the controller may not have seen the order)
-            if not told:  # a mistyped name would otherwise wait in silence
-                told = True
-                typer.echo(
-                    f"order {ref.key}: no workers workflow yet; waiting for the controller to start one"
-                    " (is the order's name right?)",
-                    err=True,
-                )
-            return None
-        except StatusUnanswered as err:
-            # A worker restarting (a rolling deploy) or busy: the follow goes on, said once per gap.
-            if not unanswered:
-                unanswered = True
-                warn(f"{err}; still waiting")
-            return None
-        unanswered = False
-        return status
-
-    return await follow(fetch, timeout=timeout)
+    # A mistyped name would otherwise wait in silence.
+    missing = (
+        f"order {ref.key}: no workers workflow yet; waiting for the controller to start one"
+        " (is the order's name right?)"
+    )
+    return await follow(status_feed(fetch_status, ref, warn, missing=missing), timeout=timeout)
 
 
 @app.command()

@@ -37,7 +37,7 @@ from contracts.workflows import ClusterWorkersStatus, cluster_workflow_id
 from lab import admin as lab_admin
 from lab.fulfillment.seed import GPU_TYPE, RELEASE_IMAGE, STANDARD_TYPE
 from lab.serve import ADMIN_TOKEN_FILE
-from starter.api import OrderNotFound, WorkersApi
+from starter.api import WorkersApi
 from starter.config import demo_policy
 from starter.dev import (
     DEFAULT_STATE_DIR,
@@ -52,7 +52,7 @@ from starter.dev import (
 )
 from starter.operations import OrderOperations
 from starter.orders import HubOrders
-from starter.render import follow, settled
+from starter.render import follow, settled, status_feed
 
 KEEP_ENV = "DEMO_KEEP"
 INITIAL = {STANDARD_TYPE: 3, GPU_TYPE: 1}
@@ -133,12 +133,7 @@ class Scenario:
     async def _until(
         self, api: WorkersApi, what: str, done: Callable[[ClusterWorkersStatus], bool]
     ) -> ClusterWorkersStatus:
-        async def fetch() -> ClusterWorkersStatus | None:
-            try:
-                return await api.status(self.order)
-            except OrderNotFound:
-                return None
-
+        fetch = status_feed(api.status, self.order, self.console.print)
         status = await follow(fetch, done=done, timeout=PHASE_TIMEOUT, console=self.console)
         if status is None or not done(status):
             raise DemoFailed(f"{what}: not reached within {PHASE_TIMEOUT:.0f}s")

@@ -28,7 +28,7 @@ from contracts.workflows import (
     NodeSetRequest,
     node_set_problem,
 )
-from starter.api import CommandError, OrderNotFound, WorkersApi, stopped_run_text
+from starter.api import CommandError, OrderNotFound, StatusUnanswered, WorkersApi, stopped_run_text
 from starter.orders import (
     FINALIZER,
     ControllerCondition,
@@ -181,7 +181,7 @@ class OrderOperations:
                 )
             try:
                 status = await self.api.status(order)
-            except OrderNotFound:
+            except (OrderNotFound, StatusUnanswered):  # asked again until the deadline
                 status = None
             if status is not None and any(n.name == node_set and n.count == count for n in status.node_sets):
                 return status

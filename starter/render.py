@@ -15,8 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from contracts.hub import ConditionStatus
+from contracts.refs import OrderRef
 from contracts.worker import WorkerPhase
 from contracts.workflows import ClusterWorkersStatus
+from starter.api import OrderNotFound, StatusUnanswered
 
 PHASE_STYLE: dict[WorkerPhase, str] = {
     WorkerPhase.PROVISIONING: "cyan",
@@ -112,6 +114,39 @@ def progress_view(status: ClusterWorkersStatus, elapsed: float) -> RenderableTyp
         )
     header = Text(f"{summary_line(status)}  [{elapsed:.0f}s]")
     return Group(header, bars, conditions_text(status), workers_table(status))
+
+
+def status_feed(
+    fetch_status: Callable[[OrderRef], Awaitable[ClusterWorkersStatus]],
+    ref: OrderRef,
+    say: Callable[[str], None],
+    *,
+    missing: str | None = None,
+) -> Callable[[], Awaitable[ClusterWorkersStatus | None]]:
+    """`fetch_status` for `follow`: None while the order has no workflow yet (`missing` said once,
+    if given) or no worker answers its query in time (said once per gap: a worker restarting, a
+    rolling deploy), so a long follow outlives either."""
+    told = False
+    unanswered = False
+
+    async def fetch() -> ClusterWorkersStatus | None:
+        nonlocal told, unanswered
+        try:
+            status = await fetch_status(ref)
+        except OrderNotFound:
+            if missing is not None and not told:
+                told = True
+                say(missing)
+            return None
+        except StatusUnanswered as err:
+            if not unanswered:
+                unanswered = True
+                say(f"{err}; still waiting")
+            return None
+        unanswered = False
+        return status
+
+    return fetch
 
 
 async def follow(

@@ -737,7 +737,8 @@ class WorkerNodeWorkflow:
         try:
             listed = await self._bmaas(
                 BmaasActivity.LIST_ORDER_INSTANCES,
-                ListOrderInstancesInput(order=slot.order, macs=progress.macs),
+                # Best effort: a BMaaS refusing it must not hold the end of the release.
+                ListOrderInstancesInput(order=slot.order, macs=progress.macs, give_up_on_refusal=True),
                 OrderInstances,
                 summary=f"Check that no BMI of the order holds the wiped host of {slot.name}",
             )

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -68,6 +68,19 @@ R = TypeVar("R")
 REFUSALS = frozenset({BmaasErrorType.UNAUTHENTICATED, BmaasErrorType.PERMISSION_DENIED})
 
 
+def raise_refusal_as_retryable(err: BmaasApiError, note: str) -> NoReturn:
+    """Raise `err`, a 401 or 403 retryable (`note`: why it is worth waiting out)."""
+    if err.error_type not in REFUSALS or not err.non_retryable:
+        raise err
+    raise BmaasApiError(
+        f"{err.message} ({note})",
+        err.error_type,
+        http_status=err.http_status,
+        grpc_code=err.grpc_code,
+        non_retryable=False,
+    ) from None
+
+
 def refusals_waited_out(
     run: Callable[[Any, In], Awaitable[R]],
 ) -> Callable[[Any, In], Awaitable[R]]:
@@ -82,15 +95,7 @@ def refusals_waited_out(
         try:
             return await run(self, req)
         except BmaasApiError as err:
-            if err.error_type not in REFUSALS or not err.non_retryable:
-                raise
-            raise BmaasApiError(
-                f"{err.message} (retried: the host stays allocated meanwhile)",
-                err.error_type,
-                http_status=err.http_status,
-                grpc_code=err.grpc_code,
-                non_retryable=False,
-            ) from None
+            raise_refusal_as_retryable(err, "retried: the host stays allocated meanwhile")
 
     return wrapper
 
@@ -542,14 +547,18 @@ class BmaasActivities:
 
     @activity.defn
     @delivers_reports
-    @refusals_waited_out
     async def list_order_instances(self, req: ListOrderInstancesInput) -> OrderInstances:
         """Every BMI of an order (any state, DELETING included), or only those named `req.name`,
-        or only those whose NICs carry one of `req.macs`; sorted by name. Only releases call it (a
-        restarted one, one after an unanswered create, the sweep after a wipe): refusals are
-        retried as for the release's delete."""
+        or only those whose NICs carry one of `req.macs`; sorted by name. Releases call it (a
+        restarted one, one after an unanswered create): a refusal is retried, as for the release's
+        delete, unless the caller gives up on one (`give_up_on_refusal`: the sweep after a wipe)."""
         listed_at = _now()
-        snapshots = await order_snapshots(self.client, req.order)
+        try:
+            snapshots = await order_snapshots(self.client, req.order)
+        except BmaasApiError as err:
+            if req.give_up_on_refusal:
+                raise
+            raise_refusal_as_retryable(err, "retried: the release needs the answer")
         wanted = None if req.macs is None else set(req.macs)
         instances = [
             s.worker_instance()

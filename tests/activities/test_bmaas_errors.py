@@ -74,6 +74,10 @@ async def test_refusals_while_a_host_is_allocated_are_retried_not_fatal(
         assert err.type in {BmaasErrorType.UNAUTHENTICATED.value, BmaasErrorType.PERMISSION_DENIED.value}
         assert not err.non_retryable, (fn, err.message)
     assert token not in err.message
+    # The sweep after a wipe is best effort: it gives up on a refusal at once.
+    sweep = ListOrderInstancesInput(order=ORDER.order, macs=["0a:00:00:00:00:77"], give_up_on_refusal=True)
+    err = await _error(harness, harness.acts.list_order_instances, sweep)
+    assert err.non_retryable and token not in err.message
 
 
 async def test_token_rotation_is_picked_up(harness: Harness) -> None:

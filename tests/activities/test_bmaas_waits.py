@@ -192,19 +192,24 @@ async def test_watch_cut_relists_and_still_wakes(harness: Harness) -> None:
     wait = asyncio.create_task(
         harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
     )
-    await wait_for(lambda: _has_progress(harness), what="waiter heartbeating")
-    lists_before = harness.watcher.stats.lists
+    try:
+        await wait_for(lambda: _has_progress(harness), what="waiter heartbeating")
+        lists_before = harness.watcher.stats.lists
 
-    # Cut the stream and keep it down while the BMI becomes RUNNING.
-    await harness.lab.faults(routes={"/api/private/v1/events/watch": {"error_rate": 1.0}})
-    assert harness.transport.cut_watches() == 1
-    await wait_for(lambda: _stream_down(harness), what="stream down")
-    await harness.lab.timings(boot_s=0.0)
-    await wait_for(lambda: _twin_state(harness, created.instance.id, BmiState.RUNNING), what="BMI running")
-    assert not wait.done()  # missed the event: nothing can have told it yet
+        # Cut the stream and keep it down while the BMI becomes RUNNING.
+        await harness.lab.faults(routes={"/api/private/v1/events/watch": {"error_rate": 1.0}})
+        assert harness.transport.cut_watches() == 1
+        await wait_for(lambda: _stream_down(harness), what="stream down")
+        await harness.lab.timings(boot_s=0.0)
+        await wait_for(
+            lambda: _twin_state(harness, created.instance.id, BmiState.RUNNING), what="BMI running"
+        )
+        assert not wait.done()  # missed the event: nothing can have told it yet
 
-    await harness.lab.clear_faults()
-    running = await asyncio.wait_for(wait, 20)
+        await harness.lab.clear_faults()
+        running = await asyncio.wait_for(wait, 20)
+    finally:
+        wait.cancel()
     assert len(running.macs) == 2
     assert harness.watcher.stats.lists > lists_before
     assert harness.watcher.stats.disconnects >= 1

@@ -12,15 +12,17 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
+import starter.api
 from activities.hub import order_facts
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem
 from starter import schemas
-from starter.api import WorkersApi, WorkflowState
+from starter.api import StatusUnanswered, WorkersApi, WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
 from starter.controller import WorkQueue, apply_id
 from starter.validation import same_node_sets
@@ -273,3 +275,43 @@ def test_the_management_state_annotation_is_read_exactly_as_osac_reads_it(
     order = OrderRef(namespace="ns", name="o")
     obj = {"metadata": {"name": "o", "annotations": {MANAGEMENT_STATE_ANNOTATION: written}}, "spec": {}}
     assert order_facts(order, obj).unmanaged == unmanaged
+
+
+class _UnansweredRun:
+    """A running order's workflow handle whose status query fails with `err` after `after` s."""
+
+    def __init__(self, err: RPCError, after: float) -> None:
+        self.err, self.after = err, after
+
+    async def describe(self) -> SimpleNamespace:
+        return SimpleNamespace(status=WorkflowExecutionStatus.RUNNING, run_id="run-1")
+
+    async def query(self, *args: object, **kwargs: object) -> None:
+        await asyncio.sleep(self.after)
+        raise self.err
+
+
+@pytest.mark.parametrize(
+    ("status", "after", "unanswered"),
+    [
+        (RPCStatusCode.DEADLINE_EXCEEDED, 0.0, True),  # the server's deadline
+        (RPCStatusCode.CANCELLED, 0.3, True),  # the client's own ("Timeout expired"), first
+        (RPCStatusCode.CANCELLED, 0.0, False),  # cut off at once: something else, left as it is
+        (RPCStatusCode.UNAVAILABLE, 0.3, False),
+    ],
+)
+async def test_a_status_query_is_unanswered_only_when_its_time_ran_out(
+    monkeypatch: pytest.MonkeyPatch, status: RPCStatusCode, after: float, unanswered: bool
+) -> None:
+    monkeypatch.setattr(starter.api, "QUERY_TIMEOUT", timedelta(seconds=0.3))
+    run = _UnansweredRun(RPCError("refused", status, b""), after)
+    api = WorkersApi(cast(Client, SimpleNamespace(get_workflow_handle_for=lambda *a, **k: run)))
+    order = OrderRef(namespace="t", name="o")
+    for ask in (lambda: api.status(order), lambda: api.run_status(order, "run-1")):
+        with pytest.raises((StatusUnanswered, RPCError)) as failed:
+            await ask()
+        assert isinstance(failed.value, StatusUnanswered) == unanswered, failed.value
+        if unanswered:
+            assert "no worker answered the status query within 0s" in str(failed.value)
+        else:
+            assert failed.value is run.err
