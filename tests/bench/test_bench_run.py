@@ -100,6 +100,9 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
         for d in delays.values()
     )
     assert details["density"]["workers"] == 3
+    # CPU is never negative; the idle figure is the hold's second half, the tail its first.
+    assert details["density"]["idle_cpu_s_per_minute_held"] >= 0
+    assert details["density"]["tail_cpu_s_first_half_of_hold"] >= 0
 
     # A workflow process and an activity process; the figures are their sums.
     assert details["settings"]["worker_processes"] == ["workflows", "activities"]
