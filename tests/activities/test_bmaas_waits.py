@@ -15,6 +15,7 @@ from activities.bmaas.watcher import BmiWatcher
 from contracts.bmaas import (
     BmaasErrorType,
     BmiState,
+    InstanceRunning,
     WaitInstanceGoneInput,
     WaitInstanceRunningInput,
     WaitProgress,
@@ -33,15 +34,9 @@ def progress(harness: Harness) -> list[WaitProgress]:
 async def test_wait_running_returns_every_mac(harness: Harness) -> None:
     await harness.lab.timings(boot_s=60.0)  # booting until the wait has said so
     created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
-    waiting = asyncio.ensure_future(
-        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
+    running = await _running_once_a_beat(
+        harness, created.instance.id, lambda p: p.state == BmiState.PROVISIONING, "a PROVISIONING heartbeat"
     )
-    try:
-        await wait_for(lambda: _heartbeated(harness, BmiState.PROVISIONING), what="a PROVISIONING heartbeat")
-        await harness.lab.timings(boot_s=0.0)
-        running = await asyncio.wait_for(waiting, 20)
-    finally:
-        waiting.cancel()
 
     host = next(h for h in await harness.lab.hosts() if h["bmi_id"] == created.instance.id)
     assert running.macs == sorted(nic["mac"] for nic in host["nics"])
@@ -222,15 +217,9 @@ async def test_polls_while_the_stream_is_down(harness: Harness) -> None:
     harness.transport.cut_watches()
     await wait_for(lambda: _stream_down(harness), what="stream down")
 
-    waiting = asyncio.ensure_future(
-        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
+    running = await _running_once_a_beat(
+        harness, created.instance.id, lambda p: p.observed_via == "polling", "a heartbeat of a polled state"
     )
-    try:
-        await wait_for(lambda: _polled_beat(harness), what="a heartbeat of a polled state")
-        await harness.lab.timings(boot_s=0.0)
-        running = await asyncio.wait_for(waiting, 20)
-    finally:
-        waiting.cancel()
     assert len(running.macs) == 2
     assert not harness.watcher.streaming
     assert harness.watcher.stats.polls >= 1
@@ -297,12 +286,24 @@ async def _has_progress(harness: Harness) -> bool:
     return bool(progress(harness))
 
 
-async def _heartbeated(harness: Harness, state: BmiState) -> bool:
-    return any(p.state == state for p in progress(harness))
+async def _running_once_a_beat(
+    harness: Harness, bmi_id: str, beat: Callable[[WaitProgress], bool], what: str
+) -> InstanceRunning:
+    """Wait for a BMI whose boot the test holds (60 s) until a heartbeat of the wait shows `beat`,
+    then let it finish booting: the state under test is seen whatever the machine's pace."""
+    waiting = asyncio.ensure_future(
+        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=bmi_id))
+    )
+    try:
 
+        async def seen() -> bool:
+            return any(beat(p) for p in progress(harness))
 
-async def _polled_beat(harness: Harness) -> bool:
-    return any(p.observed_via == "polling" for p in progress(harness))
+        await wait_for(seen, what=what)
+        await harness.lab.timings(boot_s=0.0)
+        return await asyncio.wait_for(waiting, 20)
+    finally:
+        waiting.cancel()
 
 
 async def _stream_down(harness: Harness) -> bool:
