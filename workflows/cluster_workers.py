@@ -193,6 +193,10 @@ class ClusterPatch(StrEnum):
     # cancelled in one task), and a status change arriving with the result made a live run write
     # once more where its replay continued as new. Either way the closed run failed to replay.
     LAST_STATUS_WRITE_FIXED = "last-status-write-fixed"
+    # A continue-as-new waits for the tells under way (a lost host or a leaver told from beside the
+    # main loop, and the restart of a worker found stopped by one): the server drops a signal or a
+    # child start still pending when its sender's run closes, and the next run would not know.
+    TELLS_SENT_BEFORE_CONTINUE_AS_NEW = "tells-sent-before-continue-as-new"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -267,6 +271,8 @@ class ClusterWorkersWorkflow:
         # started again), and how many such restarts are under way (a continue-as-new waits for them).
         self._child_ends: set[asyncio.Future[None]] = set()
         self._restarts_in_flight = 0
+        # Signals (and the restarts they lead to) sent to workers and not yet answered.
+        self._tells_in_flight = 0
         # The slots whose worker this run started (it sees their end); the others' workers were
         # started by an earlier run and are looked up instead (`_look_after_earlier_workers`).
         self._watched: set[str] = set()
@@ -1189,6 +1195,13 @@ class ClusterWorkersWorkflow:
         after a scale-down, so one that is not running while its slot is live was stopped from
         outside; it is started again to release what its stopped run held (and, for a lost host,
         to come back on a new one)."""
+        self._tells_in_flight += 1
+        try:
+            await self._signal_or_restart(slot, lost)
+        finally:
+            self._tells_in_flight -= 1
+
+    async def _signal_or_restart(self, slot: SlotRecord, lost: LostInstance | None) -> None:
         handle = workflow.get_external_workflow_handle(self._child_id(slot))
 
         async def tell() -> None:
@@ -1534,6 +1547,10 @@ class ClusterWorkersWorkflow:
         if self._restarts_in_flight:  # no yield otherwise: histories from before it replay as they ran
             # A terminated worker being started again: its start must not be dropped with this run.
             await workflow.wait_condition(lambda: self._restarts_in_flight == 0)
+        if self._tells_in_flight and workflow.patched(ClusterPatch.TELLS_SENT_BEFORE_CONTINUE_AS_NEW.value):
+            await workflow.wait_condition(
+                lambda: self._tells_in_flight == 0 and self._restarts_in_flight == 0
+            )
         carried = ClusterWorkersCarried(
             slots=[s for s in self._ordered_slots() if not s.deleted],
             next_index=self._next_index,

@@ -24,9 +24,10 @@ import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import Interceptor as ClientInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
-from temporalio.worker import Replayer
+from temporalio.worker import Interceptor, Replayer
 
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
@@ -348,8 +349,11 @@ async def running_stack(
     policy: TimingPolicy | None = None,
     bmaas_timings: Timings | None = None,
     in_process_worker: bool = True,
+    worker_interceptors: Sequence[ClientInterceptor] = (),
 ) -> AsyncIterator[Stack]:
-    """Both twins and the library API; a worker in this process unless the test runs its own."""
+    """Both twins and the library API; a worker in this process unless the test runs its own
+    (`worker_interceptors`: on the in-process worker's client, which hands its worker interceptors
+    to the worker: to hold a workflow at a chosen point)."""
     lab = start_lab(workdir, AgentTimings.zero())
     fulfillment = start_fulfillment_twin(
         hosts=hosts, timings=bmaas_timings or Timings(), boot_seam=lab.boot_seam
@@ -368,7 +372,12 @@ async def running_stack(
         graceful_shutdown_seconds=1,
     )
     stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(client, settings, stop) if in_process_worker else stop.wait())
+    config = client.config()
+    config["interceptors"] = [*config["interceptors"], *worker_interceptors]
+    worker_client = Client(**config)
+    worker = asyncio.create_task(
+        run_worker(worker_client, settings, stop) if in_process_worker else stop.wait()
+    )
     hub_http = httpx.AsyncClient(base_url=lab.url, headers=lab.hub.headers(), timeout=30.0)
     bmaas_http = httpx.AsyncClient(base_url=fulfillment.url, headers=fulfillment.admin_headers, timeout=30.0)
     api = WorkersApi(
@@ -405,10 +414,15 @@ def patches_recorded(history: WorkflowHistory) -> list[str]:
     return ids
 
 
-async def replay_clean(histories: Iterable[WorkflowHistory]) -> None:
-    """Replay each history on today's workflows: a change that breaks one fails the test."""
+async def replay_clean(
+    histories: Iterable[WorkflowHistory], interceptors: Sequence[Interceptor] = ()
+) -> None:
+    """Replay each history on today's workflows (with the worker's `interceptors` it ran with): a
+    change that breaks one fails the test."""
     replayer = Replayer(
-        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow], data_converter=pydantic_data_converter
+        workflows=[ClusterWorkersWorkflow, WorkerNodeWorkflow],
+        data_converter=pydantic_data_converter,
+        interceptors=interceptors,
     )
     replayed = 0
     for history in histories:

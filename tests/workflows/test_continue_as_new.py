@@ -7,6 +7,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -20,15 +21,17 @@ from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import cluster_workflow_id, worker_workflow_id
 from tests.conftest import start_dev_server
+from tests.workflows.held_restarts import HoldRestartsUntilContinueAsNew
 from tests.workflows.stack import (
     QUICK_RESTARTS,
     Stack,
     eventually,
+    patches_recorded,
     replay_clean,
     running_stack,
     scheduled_activities,
 )
-from workflows.cluster_workers import STATUS_FLUSH_GIVE_UP, ClusterWorkersWorkflow
+from workflows.cluster_workers import STATUS_FLUSH_GIVE_UP, ClusterPatch, ClusterWorkersWorkflow
 
 # The server suggests continue-as-new past this many history events (the default is thousands).
 SUGGEST_AFTER_EVENTS = 25
@@ -185,6 +188,39 @@ async def test_a_worker_of_an_earlier_run_terminated_before_it_is_ready_is_found
     assert await stack.agents(order.namespace) == []
     assert await stack.audit_violations() == []
     await replay_clean(await stack.histories(order))
+
+
+async def test_a_restart_told_as_the_order_continues_as_new_is_sent_first(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A Ready worker terminated from outside, whose host is then lost: the host check's tell finds
+    it stopped and starts it again. The start is held (an interceptor) until the order's run is due
+    to continue as new, and a few seconds more: the run waits for it. Had it continued as new, the
+    server would have dropped the pending start, and every later run's tell the same way."""
+    held_restarts = [HoldRestartsUntilContinueAsNew()]
+    async with running_stack(stack.client, tmp_path, worker_interceptors=held_restarts) as held:
+        order = await held.create_order({"bm-standard": 1})
+        await held.apply(order, {"bm-standard": 1}, held.with_policy(**QUICK_RESTARTS))
+        before = (await held.wait_ready(order, 1)).workers[0]
+        stopped_run = await held.terminate_worker(order, before.name)
+        broken = f"/lab/v1/baremetal_instances/{before.resource_id}/break"
+        (await held.bmaas_http.post(broken)).raise_for_status()
+
+        async def back() -> bool:
+            status = await held.api.status(order)
+            worker = status.workers[0]
+            return status.ready_workers == 1 and worker.resource_id != before.resource_id
+
+        await eventually(back, f"{before.name} started again and back on a new host", timeout=120)
+        cluster_runs = [h for h in await held.histories(order) if h.workflow_id == cluster_workflow_id(order)]
+        waited = ClusterPatch.TELLS_SENT_BEFORE_CONTINUE_AS_NEW.value
+        assert any(waited in patches_recorded(h) for h in cluster_runs), "no run waited for its tell"
+        latest = await held.client.get_workflow_handle(worker_workflow_id(order, before.name)).describe()
+        assert latest.run_id != stopped_run
+        await held.decommission_and_wait(order)
+        assert await held.bmis(order) == []
+        assert await held.audit_violations() == []
+        await replay_clean(await held.histories(order), held_restarts)
 
 
 async def test_an_order_waiting_days_for_its_boot_image_continues_as_new_and_still_waits(
