@@ -19,10 +19,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import Heartbeat, tick_seconds
 from activities.kube import (
+    AGENT_MACHINES,
     AGENTS,
     CLUSTER_ORDERS,
     MACHINES,
     NODE_POOLS,
+    HubAuthError,
     HubConflict,
     HubKube,
     HubNotFound,
@@ -41,6 +43,7 @@ from contracts.activities import HubActivity
 from contracts.hub import (
     AGENT_MACHINE_NAMESPACE_ANNOTATION,
     AGENT_MACHINE_REF_LABEL,
+    AGENT_PROVIDER_ID_PREFIX,
     DELETE_MACHINE_ANNOTATION,
     MANAGEMENT_STATE_ANNOTATION,
     REMOVING_LABEL,
@@ -409,21 +412,58 @@ async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync
 
 
 async def _machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject | None) -> list[KubeObject]:
-    """The Machines whose providerID names this Agent.
+    """The Machines running this Agent, or installing it.
 
-    The provider's references on the Agent (label agentMachineRef, annotation agentMachineRefNamespace)
-    lead to its Machine with one read (CAPI since 1.7 names a Machine's AgentMachine after it). Without
-    them, or when the Machine of that name runs another host, the Machines of that namespace (or of
-    every namespace) are listed: on a hub with many workers, the bulk of a scale-down's traffic."""
-    provider_id = f"agent://{agent.name}"
-    name = dig(agent_object or {}, "metadata", "labels", AGENT_MACHINE_REF_LABEL)
+    The provider labels the Agent it claims with its AgentMachine's uid (agentMachineRef) and that
+    AgentMachine's namespace (annotation agentMachineRefNamespace), and names the Agent on the
+    AgentMachine, which its Machine owns. The Machine itself gets the providerID only once the Agent
+    is installed (CAPI copies it from a ready AgentMachine): an Agent still installing is found
+    through its AgentMachine; one whose references are gone, by the Machines' providerID."""
+    provider_id = f"{AGENT_PROVIDER_ID_PREFIX}{agent.name}"
+    uid = dig(agent_object or {}, "metadata", "labels", AGENT_MACHINE_REF_LABEL)
     namespace = dig(agent_object or {}, "metadata", "annotations", AGENT_MACHINE_NAMESPACE_ANNOTATION)
-    if name and namespace:
-        machine = await kube.get_optional(MACHINES, str(namespace), str(name))
-        if machine is not None and dig(machine, "spec", "providerID") == provider_id:
+    if uid and namespace:
+        machine = await _machine_of_agent_machine(kube, agent, str(namespace), str(uid))
+        if machine is not None:
             return [machine]
     listing = await kube.list(MACHINES, str(namespace) if namespace else None)
     return [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+
+
+async def _machine_of_agent_machine(
+    kube: HubKube, agent: AgentRef, namespace: str, uid: str
+) -> KubeObject | None:
+    """The Machine owning the AgentMachine that claimed the Agent (`uid`, from its label)."""
+    try:
+        listing = await kube.list(AGENT_MACHINES, namespace)
+    except HubAuthError as err:
+        # A role without AgentMachines (a deployment older than this read): an installed worker's
+        # Machine is still found by its providerID; one installing is left to CAPI's choice.
+        activity.logger.warning("cannot list AgentMachines in %s (%s): grant list on them", namespace, err)
+        return None
+    for agent_machine in listing.items:
+        m = meta(agent_machine)
+        claimed = dig(agent_machine, "status", "agentRef") or {}
+        if m.get("uid") != uid and not (
+            isinstance(claimed, dict)
+            and claimed.get("name") == agent.name
+            and claimed.get("namespace", namespace) == agent.namespace
+        ):
+            continue
+        owners = m.get("ownerReferences") if isinstance(m.get("ownerReferences"), list) else []
+        assert isinstance(owners, list)
+        machine_name = next(
+            (
+                str(owner.get("name"))
+                for owner in owners
+                if isinstance(owner, dict)
+                and owner.get("kind") == MACHINES.kind
+                and str(owner.get("apiVersion", "")).startswith(f"{MACHINES.group}/")
+            ),
+            str(m.get("name")),  # CAPI names an AgentMachine after its Machine
+        )
+        return await kube.get_optional(MACHINES, namespace, machine_name)
+    return None
 
 
 async def annotate_machine(

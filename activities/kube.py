@@ -108,6 +108,9 @@ INFRA_ENVS = Resource("agent-install.openshift.io", "v1beta1", "infraenvs", "Inf
 AGENTS = Resource("agent-install.openshift.io", "v1beta1", "agents", "Agent")
 NODE_POOLS = Resource("hypershift.openshift.io", "v1beta1", "nodepools", "NodePool")
 MACHINES = Resource("cluster.x-k8s.io", "v1beta1", "machines", "Machine")
+AGENT_MACHINES = Resource(
+    "capi-provider.agent-install.openshift.io", "v1beta1", "agentmachines", "AgentMachine"
+)
 
 
 class PatchType(StrEnum):

@@ -31,7 +31,11 @@ WORKER_LABEL = "osac.openshift.io/worker"
 # An Agent on its way out: it no longer counts towards its NodePool's replicas.
 REMOVING_LABEL = "osac.openshift.io/removing"
 INFRAENV_LABEL = "infraenvs.agent-install.openshift.io"
+# Set by the agent CAPI provider on the Agent it claims: the uid of its AgentMachine.
 AGENT_MACHINE_REF_LABEL = "agentMachineRef"
+# What the provider's AgentMachine (at its claim) and then its Machine (once installed) carry as
+# spec.providerID, followed by the Agent's name.
+AGENT_PROVIDER_ID_PREFIX = "agent://"
 # Set by the agent CAPI provider beside the label: the namespace of that AgentMachine (and its Machine).
 AGENT_MACHINE_NAMESPACE_ANNOTATION = "agentMachineRefNamespace"
 DELETE_MACHINE_ANNOTATION = "cluster.x-k8s.io/delete-machine"

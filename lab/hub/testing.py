@@ -191,6 +191,7 @@ AGENT = ("agent-install.openshift.io", "v1beta1", "agents")
 INFRAENV = ("agent-install.openshift.io", "v1beta1", "infraenvs")
 NODEPOOL = ("hypershift.openshift.io", "v1beta1", "nodepools")
 MACHINE = ("cluster.x-k8s.io", "v1beta1", "machines")
+AGENTMACHINE = ("capi-provider.agent-install.openshift.io", "v1beta1", "agentmachines")
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition") -> T:
@@ -268,4 +269,15 @@ def sample_machine(name: str) -> dict[str, Any]:
                 "name": name,
             },
         },
+    }
+
+
+def sample_agent_machine(name: str) -> dict[str, Any]:
+    """An AgentMachine as CAPI makes one for Machine `name` (its owner reference left out: a sample
+    stands alone), before the agent provider claimed an Agent for it."""
+    return {
+        "apiVersion": "capi-provider.agent-install.openshift.io/v1beta1",
+        "kind": "AgentMachine",
+        "metadata": {"name": name},
+        "spec": {"agentLabelSelector": {"matchLabels": {"osac.openshift.io/clusterorder": "o1"}}},
     }

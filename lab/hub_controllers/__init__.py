@@ -17,7 +17,8 @@ Modules, one job each:
     registration          what a registration does to the Agent CR
     host_state            the host state machine on Agent CRs (bind, install stages, unbind)
     agent_status          Agent status and conditions per state (assisted-service's tables)
-    agent_provider        NodePool replicas -> Machines -> claimed Agents, scale-down, status
+    agent_provider        NodePool replicas -> Machines + AgentMachines -> claimed Agents,
+                          scale-down, status
     cluster_provisioning  ClusterOrder -> hosted-cluster namespace, NodePools, clusterReference
     agent_boot            the BootSeam: a booted host registers its agent if its ignition says so,
                           again when its Agent is deleted in discovery, never once halted

@@ -31,7 +31,15 @@ from lab.hub_controllers.host_state import AgentStateController
 from lab.hub_controllers.informer import InformerSet
 from lab.hub_controllers.kube import KubeApi
 from lab.hub_controllers.registration import AgentRegistrar
-from lab.hub_controllers.resources import AGENTS, CLUSTER_ORDERS, INFRA_ENVS, MACHINES, NODE_POOLS, SECRETS
+from lab.hub_controllers.resources import (
+    AGENT_MACHINES,
+    AGENTS,
+    CLUSTER_ORDERS,
+    INFRA_ENVS,
+    MACHINES,
+    NODE_POOLS,
+    SECRETS,
+)
 from lab.hub_controllers.timings import AgentTimings
 from lab.hub_controllers.tokens import TokenSigner
 from lab.hub_controllers.workqueue import Controller
@@ -92,6 +100,7 @@ class HubControllers:
                 informers.get(NODE_POOLS),
                 informers.get(AGENTS),
                 informers.get(MACHINES),
+                informers.get(AGENT_MACHINES),
                 events=capi_events,
                 faults=self.faults,
                 seed=self._seed,

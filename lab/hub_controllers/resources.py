@@ -38,3 +38,6 @@ INFRA_ENVS = ApiResource("agent-install.openshift.io", "v1beta1", "infraenvs", "
 AGENTS = ApiResource("agent-install.openshift.io", "v1beta1", "agents", "Agent")
 NODE_POOLS = ApiResource("hypershift.openshift.io", "v1beta1", "nodepools", "NodePool")
 MACHINES = ApiResource("cluster.x-k8s.io", "v1beta1", "machines", "Machine")
+AGENT_MACHINES = ApiResource(
+    "capi-provider.agent-install.openshift.io", "v1beta1", "agentmachines", "AgentMachine"
+)

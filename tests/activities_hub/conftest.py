@@ -95,6 +95,7 @@ PATHS = {
     "Agent": ("/apis/agent-install.openshift.io/v1beta1", "agents"),
     "NodePool": ("/apis/hypershift.openshift.io/v1beta1", "nodepools"),
     "Machine": ("/apis/cluster.x-k8s.io/v1beta1", "machines"),
+    "AgentMachine": ("/apis/capi-provider.agent-install.openshift.io/v1beta1", "agentmachines"),
     "Secret": ("/api/v1", "secrets"),
     "Event": ("/api/v1", "events"),
 }

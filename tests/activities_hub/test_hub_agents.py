@@ -475,7 +475,8 @@ async def test_concurrent_replica_syncs_of_one_nodepool_share_one_read_and_write
 # Scale-down: the Machine, unbinding, deletion
 
 
-def machine(api, name: str, agent: str) -> dict:
+def machine(api, name: str, agent: str | None) -> dict:
+    """A Machine; with `agent`, as CAPI leaves it once that Agent is installed (its providerID)."""
     return api.create(
         "Machine",
         {
@@ -488,7 +489,7 @@ def machine(api, name: str, agent: str) -> dict:
                     "kind": "AgentMachine",
                     "name": name,
                 },
-                "providerID": f"agent://{agent}",
+                **({"providerID": f"agent://{agent}"} if agent else {}),
             },
         },
     )
@@ -512,40 +513,96 @@ async def test_annotate_machine_for_deletion(api, api_hub_acts, kit):
     assert nothing.machine is None
 
 
-async def test_the_machine_is_read_from_the_providers_references_on_the_agent(
-    api, api_kube, api_hub_acts, kit
-):
-    """The provider's label and annotation on the Agent lead to its Machine with one read, no list of
-    every Machine; a reference naming another Machine (an AgentMachine named apart from its Machine)
-    falls back to a list of that namespace, still matched by providerID."""
-    machine(api, "np-abcde", "host-a")
-    machine(api, "np-fghij", "host-b")
-    for agent, ref in (("host-a", "np-abcde"), ("host-b", "agentmachine-b")):
-        api.agent(agent, kit.random_macs(1))
+def agent_machine(api, machine_object: dict, agent: str | None) -> dict:
+    """The provider's AgentMachine of a Machine (named after it, owned by it); with `agent`, as the
+    claim leaves it: naming the Agent, whose label then carries this AgentMachine's uid."""
+    m = machine_object["metadata"]
+    created = api.create(
+        "AgentMachine",
+        {
+            "metadata": {
+                "name": m["name"],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "cluster.x-k8s.io/v1beta1",
+                        "kind": "Machine",
+                        "name": m["name"],
+                        "uid": m["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"providerID": f"agent://{agent}"} if agent else {},
+        },
+    )
+    if agent is not None:
+        api.patch(
+            "AgentMachine",
+            m["name"],
+            {"status": {"ready": False, "agentRef": {"namespace": api.ns, "name": agent}}},
+            status=True,
+        )
         api.patch(
             "Agent",
             agent,
             {
                 "metadata": {
-                    "labels": {"agentMachineRef": ref},
+                    "labels": {"agentMachineRef": created["metadata"]["uid"]},
                     "annotations": {"agentMachineRefNamespace": api.ns},
                 }
             },
         )
-    lists = api_kube.stats.requests["list"]
-    direct = await kit.run()(
-        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-a")
-    )
-    assert direct.machine == "np-abcde" and direct.changed
-    assert api_kube.stats.requests["list"] == lists
-    listed = await kit.run()(
+    return created
+
+
+async def test_an_installing_agents_machine_is_found_through_its_agent_machine(api, api_hub_acts, kit):
+    """CAPI gives a Machine its providerID only once its AgentMachine is ready, i.e. the Agent
+    installed: while two workers install, the one scaled down has its own Machine marked (found
+    through the AgentMachine its Agent's label names), never the other's, and no Machine when the
+    Agent is not claimed."""
+    installing = {name: machine(api, name, agent=None) for name in ("np-abcde", "np-fghij", "np-klmno")}
+    for agent, name in (("host-a", "np-abcde"), ("host-b", "np-fghij")):
+        api.agent(agent, kit.random_macs(1))
+        agent_machine(api, installing[name], agent)
+    agent_machine(api, installing["np-klmno"], None)  # pending: no Agent claimed yet
+    api.agent("host-c", kit.random_macs(1))
+
+    marked = await kit.run()(
         api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-b")
     )
-    assert listed.machine == "np-fghij" and listed.machine_namespace == api.ns and listed.changed
-    assert api_kube.stats.requests["list"] == lists + 1
-    assert (
-        api.get("Machine", "np-fghij")["metadata"]["annotations"]["cluster.x-k8s.io/delete-machine"] == "true"
+    assert marked.machine == "np-fghij" and marked.machine_namespace == api.ns and marked.changed
+    annotations = {
+        name: (api.get("Machine", name)["metadata"].get("annotations") or {}) for name in installing
+    }
+    assert annotations["np-fghij"]["cluster.x-k8s.io/delete-machine"] == "true"
+    assert "cluster.x-k8s.io/delete-machine" not in annotations["np-abcde"]
+    assert "cluster.x-k8s.io/delete-machine" not in annotations["np-klmno"]
+    unclaimed = await kit.run()(
+        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-c")
     )
+    assert unclaimed.machine is None
+
+
+async def test_an_agent_machine_named_apart_from_its_machine_leads_to_its_owner(api, api_hub_acts, kit):
+    """The AgentMachine's owner reference names its Machine (CAPI before 1.7 named them apart); an
+    installed Agent whose references are gone is still found by its Machine's providerID."""
+    owner = machine(api, "np-abcde", agent=None)
+    api.agent("host-a", kit.random_macs(1))
+    renamed = {**owner, "metadata": {**owner["metadata"], "name": "agentmachine-a"}}
+    created = agent_machine(api, renamed, "host-a")
+    assert created["metadata"]["ownerReferences"][0]["name"] == "agentmachine-a"
+    owned = [{**created["metadata"]["ownerReferences"][0], "name": "np-abcde"}]
+    api.patch("AgentMachine", "agentmachine-a", {"metadata": {"ownerReferences": owned}})
+    found = await kit.run()(
+        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-a")
+    )
+    assert found.machine == "np-abcde" and found.changed
+    machine(api, "np-fghij", "host-b")
+    api.agent("host-b", kit.random_macs(1))
+    installed = await kit.run()(
+        api_hub_acts.annotate_machine_for_deletion, AgentRef(namespace=api.ns, name="host-b")
+    )
+    assert installed.machine == "np-fghij" and installed.changed
 
 
 def claim(api, name: str) -> None:

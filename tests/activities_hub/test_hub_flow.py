@@ -186,3 +186,66 @@ async def test_duplicate_mac_registration_is_ambiguous(
     assert (
         "dup-host" in ambiguous.value.details[0]["agents"] and len(ambiguous.value.details[0]["agents"]) == 2
     )
+
+
+async def test_a_worker_scaled_down_while_installing_has_its_own_machine_removed(
+    lab, lab_api, lab_assisted, lab_hub_acts, kit
+):
+    """CAPI gives a Machine its providerID only once its Agent is installed. Of three workers whose
+    installs are stuck (their hosts booted the discovery image again), the one scaled down loses its
+    own Machine, found through its AgentMachine; the others keep theirs and their claims. Left to
+    CAPI's choice among Machines without a node, another worker's install would be unbound."""
+    order, infraenv, pool, ignition = await prepare(lab, lab_api, lab_assisted, lab_hub_acts, kit)
+    hosts = {f"stuck-{i}": kit.random_macs(1) for i in range(3)}
+    lab.set_faults(AgentFaults(installing_pending_user_action=FaultTarget(rate=1.0)))
+    try:
+        agents: list[AgentRef] = []
+        for index, (host_id, macs) in enumerate(hosts.items()):
+            await boot(lab, host_id, macs, ignition)
+            agent = await kit.run()(
+                lab_assisted.wait_agent_for_macs,
+                WaitAgentInput(infraenv=infraenv, order=order, macs=macs, deadline=soon()),
+            )
+            slot = order.worker_name(index)
+            await kit.run()(
+                lab_assisted.hand_agent_to_nodepool,
+                HandAgentInput(agent=agent, nodepool=pool, worker=slot, hostname=slot),
+            )
+            agents.append(agent)
+        assert (await kit.run()(lab_hub_acts.sync_nodepool_replicas, pool)).replicas == 3
+
+        def state(name: str) -> str | None:
+            return (lab_api.get("Agent", name) or {}).get("status", {}).get("debugInfo", {}).get("state")
+
+        deadline = asyncio.get_running_loop().time() + 60
+        while any(state(a.name) != "installing-pending-user-action" for a in agents):
+            assert asyncio.get_running_loop().time() < deadline, "the three installs to get stuck"
+            await asyncio.sleep(0.05)
+        assert not any(m["spec"].get("providerID") for m in lab_api.items("Machine"))
+
+        def machine_of(agent: str) -> str:
+            (owner,) = [
+                am["metadata"]["ownerReferences"][0]["name"]
+                for am in lab_api.items("AgentMachine")
+                if (am.get("status", {}).get("agentRef") or {}).get("name") == agent
+            ]
+            return str(owner)
+
+        machines = {a.name: machine_of(a.name) for a in agents}
+        leaving, staying = agents[1], [agents[0], agents[2]]
+        marked = await kit.run()(lab_hub_acts.annotate_machine_for_deletion, leaving)
+        assert marked.machine == machines[leaving.name] and marked.changed
+        await kit.run()(lab_assisted.mark_agent_removing, leaving)
+        assert (await kit.run()(lab_hub_acts.sync_nodepool_replicas, pool)).replicas == 2
+        deadline = asyncio.get_running_loop().time() + 30
+        while lab_api.get("Agent", leaving.name)["metadata"]["labels"].get("agentMachineRef"):
+            assert asyncio.get_running_loop().time() < deadline, "the provider to release the leaving Agent"
+            await asyncio.sleep(0.05)
+        assert sorted(m["metadata"]["name"] for m in lab_api.items("Machine")) == sorted(
+            machines[a.name] for a in staying
+        )
+        for agent in staying:
+            assert lab_api.get("Agent", agent.name)["metadata"]["labels"].get("agentMachineRef")
+            assert state(agent.name) == "installing-pending-user-action"
+    finally:
+        lab.reset_faults()

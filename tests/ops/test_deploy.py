@@ -22,6 +22,7 @@ WORKER_RULES = {
     ("agent-install.openshift.io", "agents"): {"get", "list", "watch", "patch", "delete"},
     ("hypershift.openshift.io", "nodepools"): {"get", "list", "watch", "patch"},
     ("cluster.x-k8s.io", "machines"): {"get", "list", "watch", "patch"},
+    ("capi-provider.agent-install.openshift.io", "agentmachines"): {"list"},
     ("osac.openshift.io", "clusterorders"): {"get", "list", "watch", "patch"},
     ("osac.openshift.io", "clusterorders/status"): {"get", "patch", "update"},
     # blockOwnerDeletion on the InfraEnv's and Secret's owner reference (OpenShift admission).

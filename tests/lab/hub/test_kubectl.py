@@ -18,6 +18,7 @@ import yaml
 from lab.hub.testing import (
     RunningHub,
     sample_agent,
+    sample_agent_machine,
     sample_cluster_order,
     sample_infraenv,
     sample_machine,
@@ -65,6 +66,7 @@ MANIFESTS: dict[str, tuple[Callable[[str], dict[str, Any]], str, dict[str, Any]]
     "infraenvs": (sample_infraenv, "infraenv", {"spec": {"sshAuthorizedKey": "ssh-ed25519 AAAA"}}),
     "nodepools": (sample_nodepool, "np", {"spec": {"replicas": 2}}),
     "machines": (sample_machine, "machine", {"spec": {"providerID": "agent://x"}}),
+    "agentmachines": (sample_agent_machine, "agentmachine", {"spec": {"providerID": "agent://x"}}),
 }
 
 

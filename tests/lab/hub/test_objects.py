@@ -13,12 +13,14 @@ from kubernetes.client import ApiException
 
 from lab.hub.testing import (
     AGENT,
+    AGENTMACHINE,
     CO,
     INFRAENV,
     MACHINE,
     NODEPOOL,
     api_status,
     sample_agent,
+    sample_agent_machine,
     sample_cluster_order,
     sample_infraenv,
     sample_machine,
@@ -31,6 +33,7 @@ SAMPLES = {
     INFRAENV: sample_infraenv,
     NODEPOOL: sample_nodepool,
     MACHINE: sample_machine,
+    AGENTMACHINE: sample_agent_machine,
 }
 
 

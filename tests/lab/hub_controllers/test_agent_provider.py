@@ -1,23 +1,27 @@
-"""The HyperShift agent provider: NodePool replicas claim Agents, create Machines, scale down."""
+"""The HyperShift agent provider: NodePool replicas create Machines and their AgentMachines, which
+claim Agents; scale down."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lab.hub_controllers.agent_provider import NodePoolController
 from lab.hub_controllers.constants import HostState
 from lab.hub_controllers.faults import AgentFaults, FaultTarget
-from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
+from lab.hub_controllers.resources import AGENT_MACHINES, AGENTS, MACHINES, NODE_POOLS
 from lab.hub_controllers.testing import (
     Lab,
     condition,
     create_infra_env,
     fetch_ignition,
     host_state,
+    lab_hub,
     macs_for,
     wait_state,
     wait_until,
 )
+from lab.hub_controllers.timings import AgentTimings
 
 SELECTOR = {"osac.openshift.io/clusterorder": "o1", "osac.openshift.io/resource_class": "bm-standard"}
 MACHINE_REF = "agentMachineRef"
@@ -59,11 +63,18 @@ def _boot_hosts(lab: Lab, ns: str, names: list[str], *, approve: bool = True) ->
 
 
 def _claimed(lab: Lab, ns: str) -> dict[str, str]:
+    """Claimed Agent -> the name of the AgentMachine (and Machine) its label names by uid; a label
+    naming no AgentMachine shows as `?<label>`."""
+    names = {am["metadata"]["uid"]: am["metadata"]["name"] for am in lab.client.list(AGENT_MACHINES, ns)}
     return {
-        a["metadata"]["name"]: a["metadata"]["labels"][MACHINE_REF]
+        a["metadata"]["name"]: names.get(ref, f"?{ref}")
         for a in lab.client.list(AGENTS, ns)
-        if MACHINE_REF in (a["metadata"].get("labels") or {})
+        if (ref := (a["metadata"].get("labels") or {}).get(MACHINE_REF))
     }
+
+
+def _provider_id(lab: Lab, res: Any, ns: str, name: str) -> str | None:
+    return ((lab.client.get(res, ns, name) or {}).get("spec") or {}).get("providerID")
 
 
 def _pool_replicas(lab: Lab, ns: str) -> int | None:
@@ -81,8 +92,10 @@ def test_scale_up_claims_installs_and_scale_down_releases_the_marked_machine(lab
     assert agent["spec"]["clusterDeploymentName"] == {"name": "c1", "namespace": ns}
     assert agent["metadata"]["annotations"][MACHINE_NAMESPACE] == ns
     assert (condition(agent, "Bound") or {}).get("status") == "True"
-    machine = lab.client.get(MACHINES, ns, machine_name)
-    assert machine is not None and machine["spec"]["providerID"] == f"agent://{agent_name}"
+    wait_until(
+        lambda: _provider_id(lab, MACHINES, ns, machine_name) == f"agent://{agent_name}",
+        "the installed Agent's providerID on its Machine",
+    )
     wait_until(lambda: _pool_replicas(lab, ns) == 1, "NodePool status.replicas == 1")
     running = wait_until(
         lambda: (
@@ -109,6 +122,10 @@ def test_scale_up_claims_installs_and_scale_down_releases_the_marked_machine(lab
     assert (condition(released, "Bound") or {}).get("reason") == "UnbindingPendingUserAction"
     wait_until(lambda: lab.client.get(MACHINES, ns, victim[1]) is None, "the marked Machine to go")
     assert [m["metadata"]["name"] for m in _machines(lab, ns)] == [survivor[1]]
+    wait_until(
+        lambda: [am["metadata"]["name"] for am in lab.client.list(AGENT_MACHINES, ns)] == [survivor[1]],
+        "the marked Machine's AgentMachine to go with it",
+    )
     assert _claimed(lab, ns) == {survivor[0]: survivor[1]}
     wait_until(lambda: _pool_replicas(lab, ns) == 1, "NodePool status.replicas back to 1")
     # The provider never deletes Agents, and never claims the released one again.
@@ -135,7 +152,94 @@ def test_deleting_a_claimed_agent_deletes_its_machine_and_capi_replaces_it(lab: 
     assert lab.client.list(AGENTS, ns) == []
     lab.boot("host-d2", macs_for(5), ignition)
     replacement = wait_state(lab.client, ns, "host-d2", HostState.ADDED_TO_EXISTING_CLUSTER)
-    assert replacement["metadata"]["labels"][MACHINE_REF] == pending[0]["metadata"]["name"]
+    agent_machine = lab.client.get(AGENT_MACHINES, ns, pending[0]["metadata"]["name"])
+    assert agent_machine is not None
+    assert replacement["metadata"]["labels"][MACHINE_REF] == agent_machine["metadata"]["uid"]
+
+
+def test_the_agent_names_its_agent_machine_and_the_machine_gets_the_provider_id_once_installed(
+    tmp_path: Path,
+) -> None:
+    """The claim labels the Agent with its AgentMachine's uid and names the Agent on the AgentMachine;
+    the Machine gets the providerID only once the Agent is installed (CAPI copies it from a ready
+    AgentMachine). Installs take seconds here, so the Machine is seen while its Agent installs."""
+    with lab_hub(tmp_path, AgentTimings.zero().model_copy(update={"install_stage_s": 0.5})) as lab:
+        ns = lab.new_namespace()
+        _boot_hosts(lab, ns, ["host-a1"])
+        _node_pool(lab, ns, replicas=1)
+        (machine,) = wait_until(lambda: _machines(lab, ns), "the Machine")
+        name = machine["metadata"]["name"]
+        agent_machine = wait_until(
+            lambda: (
+                (am := lab.client.get(AGENT_MACHINES, ns, name))
+                and (am.get("status") or {}).get("agentRef")
+                and am
+            ),
+            "the AgentMachine naming its Agent",
+        )
+        assert agent_machine["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "cluster.x-k8s.io/v1beta1",
+                "kind": "Machine",
+                "name": name,
+                "uid": machine["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert agent_machine["spec"]["providerID"] == "agent://host-a1"
+        assert agent_machine["status"]["agentRef"] == {"namespace": ns, "name": "host-a1"}
+        assert agent_machine["status"]["ready"] is False
+        agent = lab.client.get(AGENTS, ns, "host-a1")
+        assert agent is not None
+        assert agent["metadata"]["labels"][MACHINE_REF] == agent_machine["metadata"]["uid"]
+        assert agent["metadata"]["annotations"][MACHINE_NAMESPACE] == ns
+
+        installing: list[str | None] = []
+
+        def installed() -> bool:
+            # The Machine is read first: if the Agent is not installed after, it was not before.
+            seen = lab.client.get(MACHINES, ns, name) or {}
+            state = host_state(lab.client.get(AGENTS, ns, "host-a1"))
+            if state == HostState.ADDED_TO_EXISTING_CLUSTER:
+                return True
+            assert not seen["spec"].get("providerID"), f"a providerID while the Agent is {state}"
+            installing.append(state)
+            return False
+
+        wait_until(installed, "the Agent installed")
+        assert installing, "the Machine was never seen before its Agent was installed"
+        wait_until(
+            lambda: _provider_id(lab, MACHINES, ns, name) == "agent://host-a1",
+            "the providerID on the Machine",
+        )
+        ready = lab.client.get(AGENT_MACHINES, ns, name)
+        assert ready is not None and ready["status"]["ready"] is True
+
+
+def test_deleting_a_machine_deletes_its_agent_machine_and_releases_its_agent(lab: Lab, ns: str) -> None:
+    _boot_hosts(lab, ns, ["host-m1"])
+    _node_pool(lab, ns, replicas=1)
+    (agent_name, machine_name), *_ = wait_until(lambda: _claimed(lab, ns), "the claim").items()
+    wait_state(lab.client, ns, agent_name, HostState.ADDED_TO_EXISTING_CLUSTER)
+
+    lab.client.delete(MACHINES, ns, machine_name)
+    wait_until(lambda: lab.client.get(AGENT_MACHINES, ns, machine_name) is None, "its AgentMachine to go")
+    released = wait_state(lab.client, ns, agent_name, HostState.UNBINDING_PENDING_USER_ACTION)
+    assert MACHINE_REF not in released["metadata"].get("labels", {})
+    assert MACHINE_NAMESPACE not in (released["metadata"].get("annotations") or {})
+    assert "clusterDeploymentName" not in released["spec"]
+    # CAPI replaces the Machine; the replacement has an AgentMachine of its own, and nothing else is left.
+    (replacement,) = wait_until(
+        lambda: [m for m in _machines(lab, ns) if m["metadata"]["name"] != machine_name], "a replacement"
+    )
+    name = replacement["metadata"]["name"]
+    agent_machine = wait_until(lambda: lab.client.get(AGENT_MACHINES, ns, name), "its AgentMachine")
+    assert [r["uid"] for r in agent_machine["metadata"]["ownerReferences"]] == [
+        replacement["metadata"]["uid"]
+    ]
+    assert [am["metadata"]["name"] for am in lab.client.list(AGENT_MACHINES, ns)] == [name]
+    assert _claimed(lab, ns) == {}
 
 
 def test_only_approved_matching_agents_are_claimed(lab: Lab, ns: str) -> None:
@@ -169,7 +273,8 @@ def _provider(lab: Lab) -> NodePoolController:
 
 
 def _claim_from(lab: Lab, ns: str, stale: dict[str, Any]) -> str | None:
-    """The provider claims `stale` (a copy older than the stored Agent) for a new Machine, directly."""
+    """The provider claims `stale` (a copy older than the stored Agent) for a new Machine's
+    AgentMachine, directly."""
     machine = lab.client.create(
         MACHINES,
         {
@@ -186,8 +291,28 @@ def _claim_from(lab: Lab, ns: str, stale: dict[str, Any]) -> str | None:
             },
         },
     )
+    agent_machine = lab.client.create(
+        AGENT_MACHINES,
+        {
+            "metadata": {
+                "name": "m-direct",
+                "namespace": ns,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "cluster.x-k8s.io/v1beta1",
+                        "kind": "Machine",
+                        "name": "m-direct",
+                        "uid": machine["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {},
+        },
+    )
     node_pool = {"metadata": {"name": "np1", "namespace": ns}, "spec": {"clusterName": "c1"}}
-    claim = _provider(lab)._claim(node_pool, machine, [stale], {"matchLabels": SELECTOR})
+    claim = _provider(lab)._claim(node_pool, machine, agent_machine, [stale], {"matchLabels": SELECTOR})
     result: str | None = lab.hub.call(claim)
     return result
 
@@ -203,7 +328,7 @@ def test_a_claim_from_a_stale_copy_reads_the_agent_afresh_and_keeps_what_changed
     assert _claim_from(lab, ns, stale) == "host-s1"
     agent = lab.client.get(AGENTS, ns, "host-s1")
     assert agent is not None
-    assert agent["metadata"]["labels"][MACHINE_REF] == "m-direct"
+    assert _claimed(lab, ns) == {"host-s1": "m-direct"}
     assert agent["metadata"]["annotations"]["meanwhile"] == "yes"
     assert agent["spec"]["clusterDeploymentName"] == {"name": "c1", "namespace": ns}
 

@@ -12,7 +12,7 @@ from lab.hub_controllers.agent_provider import NodePoolController
 from lab.hub_controllers.events import EventRecorder
 from lab.hub_controllers.informer import Informer
 from lab.hub_controllers.kube import KubeApi, WatchEventType
-from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
+from lab.hub_controllers.resources import AGENT_MACHINES, AGENTS, MACHINES, NODE_POOLS
 
 Obj = dict[str, Any]
 NAMESPACES = ("ns1", "ns2", "ns3")
@@ -127,15 +127,6 @@ def test_random_histories_match_a_full_scan() -> None:
 # -- NodePool provider: claims end when their Machine leaves the cache -------------------------------
 
 
-class _Api:
-    def __init__(self) -> None:
-        self.patches: list[tuple[str, Obj]] = []
-
-    async def patch(self, res: Any, namespace: str | None, name: str, patch: Obj, **_: Any) -> Obj:
-        self.patches.append((name, patch))
-        return {}
-
-
 def _machine(name: str, rv: int) -> Obj:
     return {
         "metadata": {
@@ -148,30 +139,62 @@ def _machine(name: str, rv: int) -> Obj:
 
 
 async def test_claims_are_dropped_once_their_machine_is_no_longer_cached() -> None:
-    api = _Api()
-    machines = Informer(cast(KubeApi, api), MACHINES)
+    api = cast(KubeApi, None)  # never called: the caches and claims are fed by hand
+    machines = Informer(api, MACHINES)
     controller = NodePoolController(
-        cast(KubeApi, api),
-        Informer(cast(KubeApi, api), NODE_POOLS),
-        Informer(cast(KubeApi, api), AGENTS),
+        api,
+        Informer(api, NODE_POOLS),
+        Informer(api, AGENTS),
         machines,
+        Informer(api, AGENT_MACHINES),
         events=cast(EventRecorder, None),
     )
     now = asyncio.get_running_loop().time()
     machines._apply(WatchEventType.ADDED, _machine("m1", 1))
     machines._apply(WatchEventType.ADDED, _machine("m2", 2))
-    await controller._set_provider_id(_machine("m1", 1), "agent-1")
-    await controller._set_provider_id(_machine("m2", 2), "agent-2")
-    await controller._set_provider_id(_machine("m3", 3), "agent-3")  # its Machine left before the claim
+    controller._remember(_machine("m1", 1), "agent-1", "uid-1")
+    controller._remember(_machine("m2", 2), "agent-2", "uid-2")
+    controller._remember(_machine("m3", 3), "agent-3", "uid-3")  # its Machine left before the claim
+
+    def claims() -> dict[str, str]:
+        return {key: claim.agent for key, claim in controller._claimed.items()}
+
     controller._expire(now)
-    assert controller._claimed == {"ns1/m1": "agent-1", "ns1/m2": "agent-2"}
+    assert claims() == {"ns1/m1": "agent-1", "ns1/m2": "agent-2"}
 
     machines._apply(WatchEventType.DELETED, _machine("m1", 4))
     machines._apply(WatchEventType.DELETED, _machine("m2", 5))
     machines._apply(WatchEventType.ADDED, _machine("m2", 6))  # back before the next pass: still claimed
     controller._expire(now)
-    assert controller._claimed == {"ns1/m2": "agent-2"}
+    assert claims() == {"ns1/m2": "agent-2"}
 
     machines._replace([], "7")  # a re-list that finds the Machine gone ends the claim too
     controller._expire(now)
-    assert controller._claimed == {}
+    assert claims() == {}
+
+
+def _agent_machine(name: str, uid: str, rv: int) -> Obj:
+    return {"metadata": {"name": name, "namespace": "ns1", "uid": uid, "resourceVersion": str(rv)}}
+
+
+async def test_agent_machines_are_found_by_uid_through_replacements_and_re_lists() -> None:
+    """The Agents' labels name AgentMachines by uid: the provider's uid index follows the cache."""
+    api = cast(KubeApi, None)  # never called: the cache is fed by hand
+    agent_machines = Informer(api, AGENT_MACHINES)
+    controller = NodePoolController(
+        api,
+        Informer(api, NODE_POOLS),
+        Informer(api, AGENTS),
+        Informer(api, MACHINES),
+        agent_machines,
+        events=cast(EventRecorder, None),
+    )
+    agent_machines._apply(WatchEventType.ADDED, _agent_machine("m1", "uid-1", 1))
+    agent_machines._apply(WatchEventType.ADDED, _agent_machine("m2", "uid-2", 2))
+    assert controller._agent_machine_keys == {"uid-1": "ns1/m1", "uid-2": "ns1/m2"}
+
+    # A re-list finds m1 replaced by a namesake and m2 gone.
+    agent_machines._replace([_agent_machine("m1", "uid-3", 3)], "3")
+    assert controller._agent_machine_keys == {"uid-3": "ns1/m1"}
+    agent_machines._apply(WatchEventType.DELETED, _agent_machine("m1", "uid-3", 4))
+    assert controller._agent_machine_keys == {} and controller._agent_machine_uids == {}

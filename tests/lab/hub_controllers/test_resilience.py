@@ -1,4 +1,4 @@
-"""The controllers as API clients under hub faults: 500s, conflicts and cut watch streams."""
+"""The controllers as API clients under hub faults: 500s, conflicts, cut watch streams, a restart."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import pytest
 
 from lab.hub.testing import CONTROLLER_USER
 from lab.hub_controllers.constants import HostState
-from lab.hub_controllers.resources import AGENTS, MACHINES, NODE_POOLS
+from lab.hub_controllers.resources import AGENT_MACHINES, AGENTS, MACHINES, NODE_POOLS
 from lab.hub_controllers.testing import (
     Lab,
+    Obj,
     create_infra_env,
     fetch_ignition,
+    host_state,
     lab_hub,
     macs_for,
     start_lab,
@@ -81,16 +83,98 @@ def test_everything_converges_under_api_errors_conflicts_and_watch_cuts(chaos_la
     finally:
         lab.client.http.delete(API_FAULTS).raise_for_status()
 
-    # Exactly one Machine per Agent despite retries, each naming the Agent that names it.
+    # Exactly one Machine and one AgentMachine per Agent despite retries, each naming the Agent that
+    # names it.
     def consistent() -> bool:
-        machines = {m["metadata"]["name"]: m["spec"].get("providerID") for m in lab.client.list(MACHINES, ns)}
+        machines = {m["metadata"]["name"]: m for m in lab.client.list(MACHINES, ns)}
+        agent_machines = {am["metadata"]["uid"]: am for am in lab.client.list(AGENT_MACHINES, ns)}
         claims = {
             a["metadata"]["labels"].get("agentMachineRef"): a["metadata"]["name"]
             for a in lab.client.list(AGENTS, ns)
         }
-        return len(machines) == 2 and machines == {m: f"agent://{a}" for m, a in claims.items()}
+        return (
+            len(machines) == 2
+            and sorted(am["metadata"]["name"] for am in agent_machines.values()) == sorted(machines)
+            and set(claims) == set(agent_machines)
+            and all(
+                _names(am, machines[am["metadata"]["name"]], claims[uid])
+                for uid, am in agent_machines.items()
+            )
+        )
 
-    wait_until(consistent, "Machines and claims to agree", timeout=60)
+    wait_until(consistent, "Machines, AgentMachines and claims to agree", timeout=60)
+
+
+def _names(agent_machine: Obj, machine: Obj, agent: str) -> bool:
+    """Whether an installed Agent's AgentMachine and Machine both name it."""
+    provider_id = f"agent://{agent}"
+    return (
+        agent_machine["spec"].get("providerID") == provider_id
+        and (agent_machine.get("status") or {}).get("agentRef", {}).get("name") == agent
+        and (agent_machine.get("status") or {}).get("ready") is True
+        and machine["spec"].get("providerID") == provider_id
+    )
+
+
+def test_a_restarted_provider_adopts_the_claim_its_agent_machine_does_not_record_yet(chaos_lab: Lab) -> None:
+    """The controllers stop between the Agent write and the AgentMachine write of a claim: once back,
+    the provider finds the Agent labelled with the AgentMachine's uid and records it there, and never
+    claims a second Agent for that AgentMachine."""
+    lab = chaos_lab
+    ns = lab.new_namespace()
+    infra_env = create_infra_env(lab.client, ns, agent_labels=SELECTOR, auto_approve=True)
+    ignition = fetch_ignition(lab.client, infra_env)
+    hosts = ["restart-0", "restart-1"]
+    for index, host in enumerate(hosts):
+        lab.boot(host, macs_for(index), ignition)
+    for host in hosts:
+        wait_state(lab.client, ns, host, HostState.KNOWN_UNBOUND)
+    lab.client.create(
+        NODE_POOLS,
+        {
+            "metadata": {"name": "np1", "namespace": ns},
+            "spec": {
+                "clusterName": "c1",
+                "replicas": 1,
+                "release": {"image": "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"},
+                "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": SELECTOR}}},
+            },
+        },
+    )
+
+    def agent_named() -> Obj | None:
+        items = lab.client.list(AGENT_MACHINES, ns)
+        return next((am for am in items if (am.get("status") or {}).get("agentRef")), None)
+
+    claimed = wait_until(agent_named, "an AgentMachine naming its Agent")
+    name, agent = claimed["metadata"]["name"], claimed["status"]["agentRef"]["name"]
+    (spare,) = set(hosts) - {agent}
+
+    [service] = lab.behaviour.services
+    lab.hub.call(service.stop())
+    try:
+        lab.client.patch(AGENT_MACHINES, ns, name, {"spec": {"providerID": None}})
+        lab.client.patch(AGENT_MACHINES, ns, name, {"status": {"agentRef": None, "ready": None}}, status=True)
+    finally:
+        lab.hub.call(service.start())
+
+    adopted = wait_until(agent_named, "the AgentMachine naming its Agent again")
+    assert adopted["metadata"]["uid"] == claimed["metadata"]["uid"]
+    assert adopted["status"]["agentRef"] == {"namespace": ns, "name": agent}
+    assert adopted["spec"]["providerID"] == f"agent://{agent}"
+    wait_state(lab.client, ns, agent, HostState.ADDED_TO_EXISTING_CLUSTER)
+    wait_until(
+        lambda: (
+            ((lab.client.get(MACHINES, ns, name) or {}).get("spec") or {}).get("providerID")
+            == f"agent://{agent}"
+        ),
+        "the Machine's providerID",
+    )
+    left = lab.client.get(AGENTS, ns, spare)
+    assert left is not None and "agentMachineRef" not in (left["metadata"].get("labels") or {})
+    assert host_state(left) == HostState.KNOWN_UNBOUND
+    assert [m["metadata"]["name"] for m in lab.client.list(MACHINES, ns)] == [name]
+    assert [am["metadata"]["name"] for am in lab.client.list(AGENT_MACHINES, ns)] == [name]
 
 
 def test_controllers_and_agents_work_against_an_https_hub(tmp_path: Path) -> None:
