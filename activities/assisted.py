@@ -948,6 +948,7 @@ class AssistedActivities:
             nodepool=input.nodepool,
             worker=input.worker,
             hostname=input.hostname,
+            macs=input.macs,
         )
         # The list the match was decided on, moments ago, is the hand-off's duplicate check.
         hand = asyncio.ensure_future(self._hand_and_sync(request, peers))
@@ -1089,7 +1090,7 @@ class AssistedActivities:
                     name=ref.name,
                     worker=owner_name or owner,
                 )
-            await self._refuse_shared_macs(agent, peers if attempt == 0 else None)
+            await self._refuse_shared_macs(agent, input.macs, peers if attempt == 0 else None)
             changed_labels = {k: v for k, v in wanted_labels.items() if labels.get(k) != v}
             changed_spec = {k: v for k, v in spec.items() if dig(agent, "spec", k) != v}
             needs_annotation = owner_name != input.worker
@@ -1120,13 +1121,16 @@ class AssistedActivities:
             AGENTS.kind, ref.namespace, ref.name, f"Agent {ref.namespace}/{ref.name}", MAX_CONFLICT_RETRIES
         )
 
-    async def _refuse_shared_macs(self, agent: KubeObject, peers: list[KubeObject] | None = None) -> None:
-        """Never hand over an Agent whose MACs another Agent of its InfraEnv also reports (a
-        duplicate that registered after the correlation): AmbiguousAgentMatch, as at correlation."""
+    async def _refuse_shared_macs(
+        self, agent: KubeObject, host_macs: list[str], peers: list[KubeObject] | None = None
+    ) -> None:
+        """Never hand over an Agent when another Agent of its InfraEnv also reports one of the host's
+        NIC MACs (`host_macs`, the BMI's; empty: all the Agent's), a duplicate that registered after
+        the correlation: AmbiguousAgentMatch, as at correlation."""
         m = meta(agent)
         namespace, name = str(m.get("namespace")), str(m.get("name"))
         infraenv = labels_of(agent).get(INFRAENV_LABEL)
-        macs = agent_macs(agent)
+        macs = agent_macs(agent) & set(host_macs) if host_macs else agent_macs(agent)
         if not infraenv or not macs:
             return
         if peers is None:

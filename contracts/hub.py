@@ -515,6 +515,15 @@ class HandAgentInput(HandOffTerms, CarriesReport):
     model_config = ConfigDict(frozen=True)
 
     agent: AgentRef
+    # The BMI's NIC MACs: the hand-off's duplicate check looks for another Agent reporting one of
+    # them (an extra NIC two hosts share, such as a BMC's USB NIC, says nothing about which host this
+    # is). Empty, as from a workflow older than the field: every MAC of the Agent.
+    macs: list[str] = Field(default_factory=list)
+
+    @field_validator("macs")
+    @classmethod
+    def _normalize_macs(cls, value: list[str]) -> list[str]:
+        return normalize_macs(value) if value else []
 
 
 class WaitAndHandAgentInput(WaitAgentInput, HandOffTerms, CarriesReport):

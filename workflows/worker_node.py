@@ -430,7 +430,11 @@ class WorkerNodeWorkflow:
                 await self._hub(
                     HubActivity.HAND_AGENT_TO_NODEPOOL,
                     HandAgentInput(
-                        agent=agent, nodepool=self._nodepool_ref(), worker=slot.name, hostname=slot.name
+                        agent=agent,
+                        nodepool=self._nodepool_ref(),
+                        worker=slot.name,
+                        hostname=slot.name,
+                        macs=progress.macs,
                     ),
                     None,
                     summary=f"Approve agent {agent.name}, label it for {slot.nodepool_name}, sync replicas",

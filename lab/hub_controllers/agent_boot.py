@@ -241,7 +241,8 @@ class AgentBootSeam:
         await asyncio.sleep(max(0.0, started + delay - asyncio.get_running_loop().time()))
 
         agent_name = agent_host_id(host.host_id)
-        macs = [*host.macs, _phantom_mac(f"extra-nic/{agent_name}")] if extra_nic else list(host.macs)
+        nic_seed = "extra-nic" if self.faults.config.extra_nic.shared else f"extra-nic/{agent_name}"
+        macs = [*host.macs, _phantom_mac(nic_seed)] if extra_nic else list(host.macs)
         await self._register_and_record(run, config, agent_name, macs, None)
         if duplicate and host.macs:
             phantom = str(uuid.uuid5(_HOST_ID_NAMESPACE, f"duplicate-of/{agent_name}"))

@@ -55,6 +55,12 @@ class InstallError(FaultTarget):
     message: str = "Failed to write image to disk: input/output error"
 
 
+class ExtraNic(FaultTarget):
+    shared: bool = Field(
+        False, description="the same MAC on every host hit (some BMCs' USB NICs); else one per host"
+    )
+
+
 class AgentFaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,7 +74,7 @@ class AgentFaults(BaseModel):
     duplicate_mac: FaultTarget = Field(default_factory=FaultTarget)
     # The host reports one more interface than its BMI's NICs, with a MAC no BMI has (a BMC's USB
     # NIC): benign, but only BMaaS can tell, so the orchestrator must ask before binding it.
-    extra_nic: FaultTarget = Field(default_factory=FaultTarget)
+    extra_nic: ExtraNic = Field(default_factory=ExtraNic)
     # A scale-down victim's drain never ends (a PodDisruptionBudget, `nodeDrainTimeout` 0): its
     # Machine stays, Deleting, and its Agent claimed, for as long as this fault stays armed.
     hanging_drain: FaultTarget = Field(default_factory=FaultTarget)

@@ -825,6 +825,32 @@ async def test_hand_off_refuses_an_agent_whose_mac_appeared_twice(api, api_assis
     assert api.get("Agent", "host-a")["spec"]["approved"] is False
 
 
+async def test_hand_off_takes_an_extra_nic_other_hosts_share_for_no_duplicate(api, api_assisted, kit):
+    """Two hosts reporting the same extra NIC (a BMC's USB NIC with one MAC on every board) are two
+    hosts: the hand-off looks for another Agent reporting one of this BMI's NICs, not that one. An
+    older workflow, which sends no MACs, keeps the check over every MAC of the Agent."""
+    api.nodepool("np", SELECTOR)
+    usb_nic = kit.random_macs(1)[0]
+    macs = kit.random_macs(2)
+    api.agent("host-a", [*macs, usb_nic])
+    api.agent("host-b", [*kit.random_macs(2), usb_nic])
+    agent = await kit.run()(api_assisted.wait_agent_for_macs, wait_input(api, macs))
+    pool = NodePoolRef(namespace=api.ns, name="np")
+    with pytest.raises(ApplicationError) as ambiguous:
+        await kit.run()(
+            api_assisted.hand_agent_to_nodepool, HandAgentInput(agent=agent, nodepool=pool, worker="w-0")
+        )
+    assert ambiguous.value.details[0]["agents"] == ["host-a", "host-b"]
+    request = HandAgentInput(agent=agent, nodepool=pool, worker="w-0", macs=[m.upper() for m in macs])
+    handed = await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert handed.changed and api.get("Agent", "host-a")["spec"]["approved"] is True
+    api.agent("phantom", [macs[1]])  # a duplicate of one of the BMI's NICs still stops it
+    with pytest.raises(ApplicationError) as duplicate:
+        await kit.run()(api_assisted.hand_agent_to_nodepool, request)
+    assert duplicate.value.type == HubErrorType.AMBIGUOUS_AGENT_MATCH
+    assert duplicate.value.details[0]["agents"] == ["host-a", "phantom"]
+
+
 async def _match_held_by_a_late_agent(api, acts, kit) -> tuple[list[str], Any, asyncio.Task[Any]]:
     """A wait whose one match is held back by Agent "late", registered without its inventory yet."""
     macs = kit.random_macs(2)

@@ -192,6 +192,27 @@ async def test_an_agent_reporting_a_nic_of_no_bmi_is_checked_with_bmaas_then_bou
     assert await stack.bmis(order) == []
 
 
+async def test_hosts_sharing_an_extra_nic_are_all_bound(stack: Stack) -> None:
+    """Every host reports the same extra NIC (a BMC's USB NIC with one MAC on every board): that
+    MAC says nothing about which host an Agent is, so each worker is bound, not refused as a
+    duplicate of the others."""
+    await stack.set_agent_faults({"extra_nic": {"rate": 1.0, "shared": True}})
+    try:
+        order = await stack.create_order({"bm-standard": 2})
+        await stack.apply(order, {"bm-standard": 2})
+        status = await stack.wait_ready(order, 2)
+    finally:
+        await stack.clear_agent_faults()
+    assert all(w.attempt_count == 1 for w in status.workers), status.workers
+    shared = [
+        {i["macAddress"] for i in a["status"]["inventory"]["interfaces"]}
+        for a in await stack.agents(order.namespace)
+    ]
+    assert len(shared) == 2 and shared[0] & shared[1]
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+
+
 async def test_a_host_with_an_infiniband_nic_is_matched_and_bound(stack: Stack) -> None:
     """A GPU host whose fabric is InfiniBand: BMaaS and its Agent report a 20-byte IPoIB address
     beside its Ethernet MACs. The worker matches it on all of them alike and binds it (a MAC rule

@@ -8,7 +8,14 @@ import httpx
 
 from lab.hub_controllers.agent_boot import BootOutcome
 from lab.hub_controllers.constants import HostStage, HostState
-from lab.hub_controllers.faults import FAULTS_PATH, AgentFaults, FaultTarget, InstallError, SlowRegistration
+from lab.hub_controllers.faults import (
+    FAULTS_PATH,
+    AgentFaults,
+    ExtraNic,
+    FaultTarget,
+    InstallError,
+    SlowRegistration,
+)
 from lab.hub_controllers.resources import AGENTS
 from lab.hub_controllers.testing import (
     Lab,
@@ -132,7 +139,7 @@ def test_duplicate_mac_registers_a_second_agent_with_the_same_mac(
 def test_extra_nic_reports_one_more_interface_than_the_host_has(lab: Lab, ns: str, faults: SetFaults) -> None:
     ignition = fetch_ignition(lab.client, create_infra_env(lab.client, ns))
     macs = macs_for(11)
-    faults(AgentFaults(extra_nic=FaultTarget(agents=["host-usb"])))
+    faults(AgentFaults(extra_nic=ExtraNic(agents=["host-usb"])))
     lab.boot("host-usb", macs, ignition)
     agent = wait_state(lab.client, ns, "host-usb", HostState.KNOWN_UNBOUND)
     extra = agent_macs(agent) - set(macs)
