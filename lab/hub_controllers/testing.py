@@ -31,7 +31,7 @@ from lab.http_server import free_port
 from lab.hub.testing import CONTROLLER_USER, RunningHub, shared_crd_dir, start_hub
 from lab.hub_controllers.compose import HubBehaviour, build_hub_behaviour
 from lab.hub_controllers.faults import FAULTS_PATH, AgentFaults
-from lab.hub_controllers.resources import AGENTS, INFRA_ENVS, NAMESPACES, SECRETS, ApiResource
+from lab.hub_controllers.resources import AGENTS, INFRA_ENVS, NAMESPACES, NODE_POOLS, SECRETS, ApiResource
 from lab.hub_controllers.timings import AgentTimings
 
 T = TypeVar("T")
@@ -256,6 +256,24 @@ def create_infra_env(
     if not wait:
         return client.get(INFRA_ENVS, namespace, name) or {}
     return wait_until(lambda: ready_infra_env(client, namespace, name), f"InfraEnv {namespace}/{name} image")
+
+
+def create_agent_node_pool(
+    client: HubClient, namespace: str, selector: dict[str, str], replicas: int = 0, name: str = "np1"
+) -> Obj:
+    """An Agent-platform NodePool whose provider claims the Agents `selector` matches."""
+    return client.create(
+        NODE_POOLS,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "clusterName": "c1",
+                "replicas": replicas,
+                "release": {"image": "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"},
+                "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": selector}}},
+            },
+        },
+    )
 
 
 def ready_infra_env(client: HubClient, namespace: str, name: str) -> Obj | None:

@@ -13,6 +13,7 @@ from lab.hub_controllers.resources import AGENT_MACHINES, AGENTS, MACHINES, NODE
 from lab.hub_controllers.testing import (
     Lab,
     condition,
+    create_agent_node_pool,
     create_infra_env,
     fetch_ignition,
     host_state,
@@ -29,18 +30,7 @@ MACHINE_NAMESPACE = "agentMachineRefNamespace"
 
 
 def _node_pool(lab: Lab, ns: str, replicas: int = 0) -> None:
-    lab.client.create(
-        NODE_POOLS,
-        {
-            "metadata": {"name": "np1", "namespace": ns},
-            "spec": {
-                "clusterName": "c1",
-                "replicas": replicas,
-                "release": {"image": "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"},
-                "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": SELECTOR}}},
-            },
-        },
-    )
+    create_agent_node_pool(lab.client, ns, SELECTOR, replicas)
 
 
 def _scale(lab: Lab, ns: str, replicas: int) -> None:

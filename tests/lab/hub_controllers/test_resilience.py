@@ -9,10 +9,11 @@ import pytest
 
 from lab.hub.testing import CONTROLLER_USER
 from lab.hub_controllers.constants import HostState
-from lab.hub_controllers.resources import AGENT_MACHINES, AGENTS, MACHINES, NODE_POOLS
+from lab.hub_controllers.resources import AGENT_MACHINES, AGENTS, MACHINES
 from lab.hub_controllers.testing import (
     Lab,
     Obj,
+    create_agent_node_pool,
     create_infra_env,
     fetch_ignition,
     host_state,
@@ -34,21 +35,6 @@ def chaos_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield running
     finally:
         running.stop()
-
-
-def _create_node_pool(lab: Lab, ns: str, *, replicas: int) -> None:
-    lab.client.create(
-        NODE_POOLS,
-        {
-            "metadata": {"name": "np1", "namespace": ns},
-            "spec": {
-                "clusterName": "c1",
-                "replicas": replicas,
-                "release": {"image": "quay.io/openshift-release-dev/ocp-release:4.17.10-x86_64"},
-                "platform": {"type": "Agent", "agent": {"agentLabelSelector": {"matchLabels": SELECTOR}}},
-            },
-        },
-    )
 
 
 def test_cut_watches_are_resumed_and_changes_still_seen(chaos_lab: Lab) -> None:
@@ -78,7 +64,7 @@ def test_everything_converges_under_api_errors_conflicts_and_watch_cuts(chaos_la
         ignition = fetch_ignition(lab.client, infra_env)
         for index in range(2):
             lab.boot(f"chaos-{index}", macs_for(index), ignition)
-        _create_node_pool(lab, ns, replicas=2)
+        create_agent_node_pool(lab.client, ns, SELECTOR, replicas=2)
         for index in range(2):
             # Retries back off up to 5 s per failure: allow a slow machine plenty of time.
             wait_state(lab.client, ns, f"chaos-{index}", HostState.ADDED_TO_EXISTING_CLUSTER, timeout=120)
@@ -133,7 +119,7 @@ def test_a_restarted_provider_adopts_the_claim_its_agent_machine_does_not_record
         lab.boot(host, macs_for(index), ignition)
     for host in hosts:
         wait_state(lab.client, ns, host, HostState.KNOWN_UNBOUND)
-    _create_node_pool(lab, ns, replicas=1)
+    create_agent_node_pool(lab.client, ns, SELECTOR, replicas=1)
 
     def agent_named() -> Obj | None:
         items = lab.client.list(AGENT_MACHINES, ns)
