@@ -197,6 +197,10 @@ class ClusterPatch(StrEnum):
     # main loop, and the restart of a worker found stopped by one): the server drops a signal or a
     # child start still pending when its sender's run closes, and the next run would not know.
     TELLS_SENT_BEFORE_CONTINUE_AS_NEW = "tells-sent-before-continue-as-new"
+    # A worker that reports leaving though it was never told to (its run cancelled from outside,
+    # which it takes as a scale-down) is replaced at once, as a scale-down's leaver is; before, its
+    # slot filled the count until its release ended, for ever with a drain that hangs.
+    SELF_LEAVERS_REPLACED_AT_ONCE = "self-leavers-replaced-at-once"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -419,6 +423,15 @@ class ClusterWorkersWorkflow:
             self._infraenv_missing = True
         slot.status = report.status
         slot.deleted = slot.deleted or report.deleted
+        if (
+            report.status.phase in LEAVING_PHASES
+            and not slot.scale_down_sent
+            and not slot.deleted
+            and workflow.patched(ClusterPatch.SELF_LEAVERS_REPLACED_AT_ONCE.value)
+        ):
+            # Leaving though never told to (its run cancelled from outside): replaced now, as a
+            # scale-down's leaver is, rather than once its unbind and wipe are done.
+            slot.scale_down_sent = True
         return True
 
     @workflow.query

@@ -293,8 +293,10 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     Agents); an order's run after a continue-as-new, its worker terminated before Ready (recorded on
     996e8e6; such a worker is now looked up after a quiet `ready_host_check`); a worker scaled down
     while its host's Agent was registered but not handed over (recorded on 8bb6bc5; the release now
-    sweeps the host's registrations again after the wipe). Without their patch guards, the last
-    four fail to replay."""
+    sweeps the host's registrations again after the wipe); an order whose Ready worker was cancelled
+    from outside (recorded on d932d1a with the replacement as it was: once the release ended; it now
+    starts at the first leaving report). Without their patch guards, the last five fail to
+    replay."""
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)

@@ -715,6 +715,40 @@ async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) ->
     await replay_clean(await stack.histories(order))
 
 
+async def test_a_worker_cancelled_from_outside_is_replaced_while_it_still_leaves(stack: Stack) -> None:
+    """An operator cancels a Ready worker's workflow in the Web UI and its drain hangs, so its
+    release waits. The order starts its replacement at once, as for a scale-down's leaver, instead
+    of once the release has ended (never, while the drain hangs)."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    first = (await stack.wait_ready(order, 1)).workers[0]
+    replacement = order.worker_name(1)
+    (agent,) = [a["metadata"]["name"] for a in await stack.agents(order.namespace)]
+    await stack.set_agent_faults({"hanging_drain": {"agents": [agent]}})
+    try:
+        await stack.client.get_workflow_handle(worker_workflow_id(order, first.name)).cancel()
+
+        async def replaced_while_leaving() -> bool:
+            workers = {w.name: w for w in (await stack.api.status(order)).workers}
+            leaving = workers.get(first.name)
+            return leaving is not None and leaving.phase == WorkerPhase.UNBINDING and replacement in workers
+
+        await eventually(replaced_while_leaving, f"{replacement} started while {first.name} still unbinds")
+    finally:
+        await stack.clear_agent_faults()
+
+    async def settled() -> bool:
+        status = await stack.api.status(order)
+        return [w.name for w in status.workers] == [replacement] and status.ready_workers == 1
+
+    await eventually(settled, f"{first.name} released and {replacement} Ready", timeout=120)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.agents(order.namespace) == []
+    assert await stack.audit_violations() == []
+    await replay_clean(await stack.histories(order))
+
+
 async def test_a_worker_terminated_before_it_is_ready_releases_its_host_and_is_replaced(stack: Stack) -> None:
     """An operator terminates a worker's workflow while its host waits for its Agent. The order sees
     the run end and starts it again at once, to release what it held (found by the slot's name: the
