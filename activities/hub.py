@@ -415,27 +415,26 @@ async def _machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject 
     """The Machines running this Agent, or installing it.
 
     The provider labels the Agent it claims with its AgentMachine's uid (agentMachineRef) and that
-    AgentMachine's namespace (annotation agentMachineRefNamespace), and names the Agent on the
-    AgentMachine, which its Machine owns. The Machine itself gets the providerID only once the Agent
-    is installed (CAPI copies it from a ready AgentMachine): an Agent still installing is found
-    through its AgentMachine; one whose references are gone, by the Machines' providerID."""
+    AgentMachine's namespace (annotation agentMachineRefNamespace); its Machine owns the
+    AgentMachine. The Machine itself gets the providerID only once the Agent is installed (CAPI
+    copies it from a ready AgentMachine): an Agent still installing is found through its
+    AgentMachine; one whose references are gone, by the Machines' providerID."""
     provider_id = f"{AGENT_PROVIDER_ID_PREFIX}{agent.name}"
     uid = dig(agent_object or {}, "metadata", "labels", AGENT_MACHINE_REF_LABEL)
     namespace = dig(agent_object or {}, "metadata", "annotations", AGENT_MACHINE_NAMESPACE_ANNOTATION)
     if uid and namespace:
-        machine = await _machine_of_agent_machine(kube, agent, str(namespace), str(uid))
+        machine = await _machine_of_agent_machine(kube, str(namespace), str(uid))
         if machine is not None:
             return [machine]
     listing = await kube.list(MACHINES, str(namespace) if namespace else None)
     return [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
 
 
-async def _machine_of_agent_machine(
-    kube: HubKube, agent: AgentRef, namespace: str, uid: str
-) -> KubeObject | None:
+async def _machine_of_agent_machine(kube: HubKube, namespace: str, uid: str) -> KubeObject | None:
     """The Machine owning the AgentMachine that claimed the Agent (`uid`, from its label)."""
     try:
-        listing = await kube.list(AGENT_MACHINES, namespace)
+        # Metadata only: a scale-down of every worker must not carry every AgentMachine each time.
+        listing = await kube.list_metadata(AGENT_MACHINES, namespace)
     except HubAuthError as err:
         # A role without AgentMachines (a deployment older than this read): an installed worker's
         # Machine is still found by its providerID; one installing is left to CAPI's choice.
@@ -443,12 +442,7 @@ async def _machine_of_agent_machine(
         return None
     for agent_machine in listing.items:
         m = meta(agent_machine)
-        claimed = dig(agent_machine, "status", "agentRef") or {}
-        if m.get("uid") != uid and not (
-            isinstance(claimed, dict)
-            and claimed.get("name") == agent.name
-            and claimed.get("namespace", namespace) == agent.namespace
-        ):
+        if m.get("uid") != uid:
             continue
         owners = m.get("ownerReferences") if isinstance(m.get("ownerReferences"), list) else []
         assert isinstance(owners, list)

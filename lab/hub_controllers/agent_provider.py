@@ -238,6 +238,9 @@ class NodePoolController(Controller):
             if self._agent_machine_uids.get(key) == uid:
                 del self._agent_machine_uids[key]
                 self._agent_machine_keys.pop(uid, None)
+            created = self._agent_machines_created.get(key)
+            if created is not None and _uid(created[0]) == uid:
+                del self._agent_machines_created[key]  # gone before its creation was seen
             return
         previous = self._agent_machine_uids.get(key)
         if previous is not None and previous != uid:  # a namesake replaced it
