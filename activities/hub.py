@@ -444,12 +444,10 @@ async def _machine_of_agent_machine(kube: HubKube, namespace: str, uid: str) -> 
         m = meta(agent_machine)
         if m.get("uid") != uid:
             continue
-        owners = m.get("ownerReferences") if isinstance(m.get("ownerReferences"), list) else []
-        assert isinstance(owners, list)
         machine_name = next(
             (
                 str(owner.get("name"))
-                for owner in owners
+                for owner in m.get("ownerReferences") or []
                 if isinstance(owner, dict)
                 and owner.get("kind") == MACHINES.kind
                 and str(owner.get("apiVersion", "")).startswith(f"{MACHINES.group}/")

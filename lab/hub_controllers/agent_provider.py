@@ -304,13 +304,13 @@ class NodePoolController(Controller):
 
         # 2. Machines whose Agent is gone, being deleted, or no longer claimed by their AgentMachine.
         for machine in list(live):
-            agent_name = self._agent_name(machine)
+            agent_name, agent_machine_uid = self._claim_of(machine)
             if agent_name is None:
                 continue
             agent = agents.get(agent_name)
             lost = agent is None or bool(agent["metadata"].get("deletionTimestamp"))
             if not lost and agent is not None and key_of(machine) not in self._claimed:
-                lost = _machine_ref(agent) != self._ref_uid(machine)
+                lost = _machine_ref(agent) != agent_machine_uid
             if lost:
                 await self._delete_machine(machine, now)
                 live.remove(machine)
@@ -327,7 +327,8 @@ class NodePoolController(Controller):
             if hanging:
                 retry = 1.0  # looked at again: the drain ends once the fault is cleared
                 continue
-            await self._release(agents.get(self._agent_name(machine) or ""), self._ref_uid(machine))
+            agent_name, agent_machine_uid = self._claim_of(machine)
+            await self._release(agents.get(agent_name or ""), agent_machine_uid)
             await self._delete_machine(machine, now)
             live.remove(machine)
         count = len(live) + len(pending_creates)
@@ -335,12 +336,13 @@ class NodePoolController(Controller):
             for machine in self._victims(live, count - desired, agents):
                 if key_of(machine) in self._draining:
                     continue
-                agent = agents.get(self._agent_name(machine) or "")
+                agent_name, agent_machine_uid = self._claim_of(machine)
+                agent = agents.get(agent_name or "")
                 if hanging and self._drain_hangs(machine, agent):
                     self._draining.add(key_of(machine))
                     retry = 1.0
                     continue
-                await self._release(agent, self._ref_uid(machine))
+                await self._release(agent, agent_machine_uid)
                 await self._delete_machine(machine, now)
                 live.remove(machine)
         # 5. Scale up.
@@ -435,20 +437,19 @@ class NodePoolController(Controller):
         created = self._agent_machines_created.get(key)
         return created[0] if created is not None and not _owned_by_another(created[0], machine) else None
 
-    def _agent_name(self, machine: Obj) -> str | None:
+    def _claim_of(self, machine: Obj) -> tuple[str | None, str | None]:
+        """The Machine's Agent, and the uid that Agent is labelled with (its AgentMachine's): from
+        this controller's own claim, else as the AgentMachine records it."""
         claim = self._claimed.get(key_of(machine))
         if claim is not None:
-            return claim.agent
+            return claim.agent, claim.agent_machine_uid
         agent_machine = self._agent_machine_of(machine)
-        return agent_of(agent_machine) if agent_machine is not None else None
+        if agent_machine is None:
+            return None, None
+        return agent_of(agent_machine), _uid(agent_machine)
 
-    def _ref_uid(self, machine: Obj) -> str | None:
-        """The uid the Machine's Agent is labelled with (its AgentMachine's)."""
-        claim = self._claimed.get(key_of(machine))
-        if claim is not None:
-            return claim.agent_machine_uid
-        agent_machine = self._agent_machine_of(machine)
-        return _uid(agent_machine) if agent_machine is not None else None
+    def _agent_name(self, machine: Obj) -> str | None:
+        return self._claim_of(machine)[0]
 
     def _victims(self, live: list[Obj], count: int, agents: dict[str, Obj]) -> list[Obj]:
         def joined(machine: Obj) -> bool:
@@ -566,18 +567,9 @@ class NodePoolController(Controller):
 
     async def _record(self, agent_machine: Obj, claim: _Claim) -> None:
         """Name the claimed Agent on the AgentMachine: `spec.providerID`, then `status.agentRef`."""
-        m = agent_machine["metadata"]
-        provider_id = f"{PROVIDER_ID_PREFIX}{claim.agent}"
-        if agent_machine.get("spec", {}).get("providerID") != provider_id:
-            try:
-                await self._api.patch(
-                    AGENT_MACHINES, m.get("namespace"), m["name"], {"spec": {"providerID": provider_id}}
-                )
-            except ApiError as exc:
-                if not exc.is_not_found:
-                    raise
-                return  # gone with its Machine
-        ref = {"namespace": m.get("namespace"), "name": claim.agent}
+        if not await self._set_provider_id(AGENT_MACHINES, agent_machine, claim.agent):
+            return  # gone with its Machine
+        ref = {"namespace": agent_machine["metadata"].get("namespace"), "name": claim.agent}
         if _agent_ref(agent_machine) != ref:
             await self._write_status(AGENT_MACHINES, agent_machine, {"agentRef": ref, "ready": False})
         claim.recorded = True
@@ -595,19 +587,22 @@ class NodePoolController(Controller):
             return
         if (agent_machine.get("status") or {}).get("ready") is not True:
             await self._write_status(AGENT_MACHINES, agent_machine, {"ready": True})
-        provider_id = f"{PROVIDER_ID_PREFIX}{_name(agent)}"
-        if machine.get("spec", {}).get("providerID") != provider_id:
-            m = machine["metadata"]
-            try:
-                await self._api.patch(
-                    MACHINES, m.get("namespace"), m["name"], {"spec": {"providerID": provider_id}}
-                )
-            except ApiError as exc:
-                if not exc.is_not_found:
-                    raise
-                return
-        if claim is not None:
+        if await self._set_provider_id(MACHINES, machine, _name(agent)) and claim is not None:
             claim.installed = True
+
+    async def _set_provider_id(self, res: ApiResource, obj: Obj, agent_name: str) -> bool:
+        """`spec.providerID: agent://<agent_name>` on `obj` unless it has it; False if `obj` is gone."""
+        provider_id = f"{PROVIDER_ID_PREFIX}{agent_name}"
+        if obj.get("spec", {}).get("providerID") == provider_id:
+            return True
+        m = obj["metadata"]
+        try:
+            await self._api.patch(res, m.get("namespace"), m["name"], {"spec": {"providerID": provider_id}})
+        except ApiError as exc:
+            if not exc.is_not_found:
+                raise
+            return False
+        return True
 
     async def _claim(
         self,
