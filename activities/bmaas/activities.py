@@ -401,9 +401,11 @@ class BmaasActivities:
         if obs.state == BmiState.FAILED:
             raise self._provisioning_failure(obs)
         if obs.state == BmiState.DELETING:
+            # Deleted by someone else while it booted: to the tenant a failed provisioning (the
+            # workflow maps only FailureReason values and Bmaas* types; BMIDeleting read as internal).
             raise ApplicationError(
                 f"BMI {obs.name} ({obs.id}) is being deleted while waiting for it to run",
-                type=BmaasErrorType.INSTANCE_DELETING.value,
+                type=BmaasErrorType.PROVISIONING_FAILED.value,
                 non_retryable=True,
             )
         if not obs.macs:

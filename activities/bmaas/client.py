@@ -170,7 +170,8 @@ class BmaasClient:
         object_id: str | None = None,
     ) -> Any:
         """One API call under the call budget, traced as one span; returns the decoded JSON answer.
-        `object_id`: the object a call by id is about (only a NotFound naming it says it is gone)."""
+        `object_id`: the object a call by id is about (only a NotFound naming it says it is gone).
+        Without one the call is taken as a collection's (list, create): its NotFound is retried."""
         with _call_span(method, path) as span:
             try:
                 return await self._request(
@@ -241,6 +242,7 @@ class BmaasClient:
                 _decode_lenient(raw),
                 self._secrets(secret_list),
                 object_id=object_id,
+                collection=object_id is None,
             )
 
     async def _backoff(self, attempt: int, deadline: float) -> None:
@@ -370,7 +372,9 @@ class BmaasClient:
                 if resp.status_code == 401:
                     self.token.reload()
                 body = _decode_lenient(raw)
-                raise error_from_response(operation, resp.status_code, body, self._secrets(()))
+                raise error_from_response(
+                    operation, resp.status_code, body, self._secrets(()), collection=True
+                )
             yield _events(resp, operation)
 
 
@@ -388,7 +392,7 @@ async def _events(resp: httpx.Response, operation: str) -> AsyncIterator[dict[st
                 continue
             if "error" in message:
                 # The gateway reports a failed stream in-band: {"error": {code, message}}.
-                raise error_from_response(operation, resp.status_code, message["error"])
+                raise error_from_response(operation, resp.status_code, message["error"], collection=True)
             result = message.get("result")
             event = result.get("event") if isinstance(result, dict) else None
             if isinstance(event, dict):

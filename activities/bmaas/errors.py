@@ -58,6 +58,9 @@ _BY_HTTP_STATUS: dict[int, BmaasErrorType] = {
     409: BmaasErrorType.CONFLICT,
     501: BmaasErrorType.UNIMPLEMENTED,
 }
+# The 4xx that are not the caller's bad input: a timeout (408), a connection to reuse elsewhere
+# (421), an early-data refusal (425), rate limiting (429), a request cut off (499, gRPC CANCELLED).
+_TRANSIENT_4XX = frozenset({408, 421, 425, 429, 499})
 
 MAX_MESSAGE_CHARS = 400
 REDACTED = "<redacted>"
@@ -123,10 +126,18 @@ def _grpc_code(body: Any) -> int | None:
 
 
 def error_from_response(
-    operation: str, http_status: int, body: Any, secrets: Iterable[str] = (), *, object_id: str | None = None
+    operation: str,
+    http_status: int,
+    body: Any,
+    secrets: Iterable[str] = (),
+    *,
+    object_id: str | None = None,
+    collection: bool = False,
 ) -> BmaasApiError:
     """Map a gateway error answer `{"code", "message", "details"}` to a typed error. `object_id`: the
-    object a request by id is about; a NotFound that does not name it is not the object's."""
+    object a request by id is about; a NotFound that does not name it is not the object's.
+    `collection`: the request names no object (a list, a create, the watch), so nothing it asks
+    about can be "not found": a NotFound there is the route's own."""
     grpc_code = _grpc_code(body)
     server_message = ""
     if isinstance(body, dict) and isinstance(body.get("message"), str):
@@ -137,20 +148,28 @@ def error_from_response(
     if error_type is None:
         if http_status in _BY_HTTP_STATUS:
             error_type = _BY_HTTP_STATUS[http_status]
-        elif http_status == 429 or http_status >= 500:
+        elif not 400 <= http_status < 500 or http_status in _TRANSIENT_4XX:
+            # 5xx, and a redirect (an auth proxy's) or any other non-4xx: nothing the request can fix.
             error_type = BmaasErrorType.UNAVAILABLE
         elif grpc_code is not None and grpc_code not in (0,):
             # UNAVAILABLE, INTERNAL, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNKNOWN...: transient.
             error_type = BmaasErrorType.UNAVAILABLE
         else:
             error_type = BmaasErrorType.INVALID_ARGUMENT
-    if error_type == BmaasErrorType.NOT_FOUND and object_id is not None and object_id not in server_message:
+    route_not_served = http_status == 404 and error_type == BmaasErrorType.UNAVAILABLE
+    if error_type == BmaasErrorType.NOT_FOUND and (
+        collection or (object_id is not None and object_id not in server_message)
+    ):
         # The gateway answers a route it does not serve (a rollout, a wrong prefix) with code 5 and
         # "Not Found" too; the server's own says "object with identifier '<id>' not found". Taken for
-        # a BMI gone, it would count an undeleted host as wiped.
+        # a BMI gone, it would count an undeleted host as wiped; failing a list or a create for good
+        # would release a healthy host.
         error_type = BmaasErrorType.UNAVAILABLE
+        route_not_served = True
     code_text = GRPC_CODE_NAMES.get(grpc_code, str(grpc_code)) if grpc_code is not None else "-"
     message = f"{operation}: HTTP {http_status} {code_text}"
+    if route_not_served:
+        message += " (route not served, or not yet: retried)"
     if server_message:
         message += f": {server_message}"
     return BmaasApiError(redact(message, secrets), error_type, http_status=http_status, grpc_code=grpc_code)

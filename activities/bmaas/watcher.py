@@ -120,6 +120,8 @@ class BmiWatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_error: str | None = None
+        # Kinds of unexpected poll failures logged in this outage (each once).
+        self._poll_errors: set[str] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -127,6 +129,9 @@ class BmiWatcher:
         """Start the stream and the standby poller on the running loop (idempotent)."""
         loop = asyncio.get_running_loop()
         if self._tasks and self._loop is loop and not all(t.done() for t in self._tasks):
+            # Neither loop lets an exception out; should one die all the same (a bug), the next wait
+            # starts it again rather than every wait hanging without it.
+            self._tasks = [self._restarted(loop, t) if t.done() else t for t in self._tasks]
             return
         self._loop = loop
         self._up = asyncio.Event()
@@ -136,6 +141,13 @@ class BmiWatcher:
             loop.create_task(self._stream_loop(), name="bmaas-watch"),
             loop.create_task(self._poll_loop(), name="bmaas-watch-poller"),
         ]
+
+    def _restarted(self, loop: asyncio.AbstractEventLoop, dead: asyncio.Task[None]) -> asyncio.Task[None]:
+        exc = None if dead.cancelled() else dead.exception()
+        why = "cancelled" if dead.cancelled() else type(exc).__name__ if exc else "returned"
+        log.error("BMI watcher task %s ended (%s); starting it again", dead.get_name(), why)
+        run = self._stream_loop if dead.get_name() == "bmaas-watch" else self._poll_loop
+        return loop.create_task(run(), name=dead.get_name())
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
@@ -377,6 +389,7 @@ class BmiWatcher:
         while True:
             await self._down.wait()
             interval = self.poll_initial
+            self._poll_errors.clear()
             while not self._up.is_set():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(interval):
@@ -387,6 +400,16 @@ class BmiWatcher:
                     if self._up.is_set():
                         break
                     self.stats.polls += 1
-                    with contextlib.suppress(BmaasApiError):
+                    try:
                         await self._fetch(bmi_id)
+                    except BmaasApiError:
+                        pass  # the outage the stream's loop reports; the next round asks again
+                    except Exception as exc:
+                        # An answer the client could not read (a garbled encoding, a malformed
+                        # object) must not end polling: every wait would hang until the stream is
+                        # back. Named by its class only: its text may quote the body.
+                        kind = type(exc).__name__
+                        if kind not in self._poll_errors:
+                            self._poll_errors.add(kind)
+                            log.warning("BMI poll failed (%s); polling goes on", kind)
                 interval = min(interval * 2, self.poll_max)

@@ -19,7 +19,7 @@ from contracts.bmaas import (
 )
 from contracts.refs import OrderRef
 from lab.fulfillment.testing import bmi_body
-from tests.activities.conftest import Harness
+from tests.activities.conftest import PRIVATE, Harness
 
 ORDER = ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="order1"))
 # The Ready workers' check, where a refusal fails the call at once (the next check asks again).
@@ -153,6 +153,33 @@ async def test_waiting_on_unknown_or_foreign_bmis(harness: Harness) -> None:
         harness, harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=resp.json()["id"])
     )
     assert err.type == BmaasErrorType.INVALID_ARGUMENT.value and err.non_retryable
+
+
+async def test_a_not_found_from_a_list_or_create_route_is_retried(harness: Harness) -> None:
+    """A gateway not serving the collection route yet (a rollout) answers 404 with code 5: the Ready
+    workers' NIC check, a release's list and a create wait it out instead of failing for good, which
+    would release and wipe a healthy host."""
+    not_found = {"error_rate": 1.0, "error_code": 5}
+    await harness.lab.faults(routes={f"GET {PRIVATE}/baremetal_instances": not_found})
+    calls = [
+        (harness.acts.find_instances_with_macs, FindInstancesWithMacsInput(macs=["0a:00:00:00:00:77"])),
+        (harness.acts.list_order_instances, ORDER),
+        (harness.acts.find_lost_instances, READY_CHECK),
+        (harness.acts.create_worker_instance, harness.slot(0)),  # its look for the slot's BMI
+    ]
+    for fn, arg in calls:
+        err = await _error(harness, fn, arg)
+        assert err.type == BmaasErrorType.UNAVAILABLE.value and not err.non_retryable, (fn, err.message)
+        assert "route not served" in err.message
+    # The create's POST itself.
+    await harness.lab.faults(routes={f"POST {PRIVATE}/baremetal_instances": not_found})
+    err = await _error(harness, harness.acts.create_worker_instance, harness.slot(0))
+    assert err.type == BmaasErrorType.UNAVAILABLE.value and not err.non_retryable, err.message
+    assert "POST" in err.message and "route not served" in err.message
+    # Served again: the next attempt creates the slot's BMI.
+    await harness.lab.clear_faults()
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    assert created.created
 
 
 async def test_hanging_calls_time_out_retryably(harness: Harness) -> None:

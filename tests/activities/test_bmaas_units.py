@@ -70,6 +70,66 @@ def test_only_a_not_found_naming_the_bmi_says_it_is_gone() -> None:
     assert error_from_response("DELETE /baremetal_instances/b1", 404, own, object_id="b1").is_not_found
 
 
+@pytest.mark.parametrize(
+    "body",
+    [{"code": 5, "message": "Not Found"}, {"code": "NOT_FOUND", "message": "Not Found"}, "404 page", None],
+    ids=["gateway-code", "code-name", "text-page", "empty"],
+)
+@pytest.mark.parametrize("method", ["GET", "POST"])  # a list, a create
+async def test_a_404_on_a_route_naming_no_object_is_retried(
+    tmp_path: Path, method: str, body: object
+) -> None:
+    """A list or a create cannot be "not found": its 404 is a route not served (yet: a rollout), and
+    failing for good would release a healthy host."""
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + "x" * 30)
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, str):
+            return httpx.Response(404, text=body)
+        return httpx.Response(404, json=body) if body is not None else httpx.Response(404)
+
+    async with BmaasClient("http://bmaas.test", token, transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(BmaasApiError) as info:
+            if method == "GET":
+                await client.list_instances("true")
+            else:
+                await client.create_instance({"metadata": {"name": "o-worker-0"}})
+    err = info.value
+    assert err.error_type == BmaasErrorType.UNAVAILABLE and not err.non_retryable, err.message
+    assert "route not served" in err.message
+    # The same answer on a route by id that it does not name is retried too (as before).
+    by_id = error_from_response("GET /baremetal_instances/b1", 404, body, object_id="b1")
+    assert not by_id.is_not_found and not by_id.non_retryable and "route not served" in by_id.message
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "expected"),
+    [
+        # Not the caller's bad input: a redirect (an auth proxy's), a timeout, a throttle, a cut.
+        (301, None, BmaasErrorType.UNAVAILABLE),
+        (302, None, BmaasErrorType.UNAVAILABLE),
+        (307, None, BmaasErrorType.UNAVAILABLE),
+        (408, None, BmaasErrorType.UNAVAILABLE),
+        (421, None, BmaasErrorType.UNAVAILABLE),
+        (425, None, BmaasErrorType.UNAVAILABLE),
+        (499, None, BmaasErrorType.UNAVAILABLE),
+        (499, 1, BmaasErrorType.UNAVAILABLE),
+        (505, None, BmaasErrorType.UNAVAILABLE),
+        (200, None, BmaasErrorType.UNAVAILABLE),  # an in-band stream error without a code
+        # The caller's own: permanent.
+        (405, None, BmaasErrorType.INVALID_ARGUMENT),
+        (413, None, BmaasErrorType.INVALID_ARGUMENT),
+        (422, None, BmaasErrorType.INVALID_ARGUMENT),
+    ],
+)
+def test_statuses_outside_the_map(status: int, code: int | None, expected: BmaasErrorType) -> None:
+    body = {"code": code, "message": "m"} if code is not None else "<html>moved</html>"
+    err = error_from_response("GET /x", status, body)
+    assert err.error_type == expected, err.message
+    assert err.non_retryable is (expected == BmaasErrorType.INVALID_ARGUMENT)
+
+
 def test_error_messages_are_redacted_and_bounded() -> None:
     token = "tok-" + "s" * 40
     err = error_from_response("POST /x", 400, {"code": 3, "message": f"bad {token} " + "x" * 2000}, [token])

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import functools
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.bmaas import BmaasActivities
-from activities.bmaas.watcher import BmiWatcher
+from activities.bmaas import BmaasActivities, BmaasClient
+from activities.bmaas.snapshot import BmiSnapshot
+from activities.bmaas.watcher import BmiWatcher, Observed
 from contracts.bmaas import (
     BmaasErrorType,
     BmiState,
@@ -22,8 +26,10 @@ from contracts.bmaas import (
 )
 from contracts.hub import InfraEnvRef, WaitAgentInput
 from contracts.refs import OrderRef
+from contracts.worker import FailureReason
 from lab.fulfillment.seed import host_labels
-from tests.activities.conftest import Harness, wait_for
+from tests.activities.conftest import PRIVATE, Harness, wait_for
+from workflows.worker_node import _failure_of
 
 
 def progress(harness: Harness) -> list[WaitProgress]:
@@ -222,6 +228,132 @@ async def test_polls_while_the_stream_is_down(harness: Harness) -> None:
     )
     assert len(running.macs) == 2
     assert not harness.watcher.streaming
+    assert harness.watcher.stats.polls >= 1
+
+
+async def test_a_bmi_deleted_by_someone_else_while_booting_fails_as_a_provisioning_failure(
+    harness: Harness,
+) -> None:
+    """The tenant reads "could not be provisioned; retrying", not an internal error: the workflow
+    maps only FailureReason values and Bmaas* types to a tenant reason."""
+    await harness.lab.timings(boot_s=60.0, wipe_s=60.0, deprovision_s=60.0)  # DELETING while waited
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    waiting = asyncio.ensure_future(
+        harness.run(harness.acts.wait_instance_running, WaitInstanceRunningInput(bmi_id=created.instance.id))
+    )
+    try:
+        await wait_for(lambda: _has_progress(harness), what="waiter heartbeating")
+        (
+            await harness.lab.http.delete(f"{PRIVATE}/baremetal_instances/{created.instance.id}")
+        ).raise_for_status()
+        with pytest.raises(ApplicationError) as failed:
+            await asyncio.wait_for(waiting, 20)
+    finally:
+        waiting.cancel()
+    assert failed.value.type == BmaasErrorType.PROVISIONING_FAILED.value and failed.value.non_retryable
+    assert "is being deleted while waiting for it to run" in failed.value.message
+    assert _failure_of(failed.value).reason == FailureReason.BMI_PROVISIONING_FAILED
+    await harness.lab.timings(wipe_s=0.0, deprovision_s=0.0)
+
+
+class _Garbling(httpx.AsyncBaseTransport):
+    """The twin over real HTTP, except that while `mode` is set a GET of a BMI by id is answered with
+    a body the client cannot decode ("encoding": httpx.DecodingError) or a malformed object."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self.mode: str | None = None
+        self.garbled: Counter[str] = Counter()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        mode = self.mode
+        if mode is None or request.method != "GET" or "/baremetal_instances/" not in request.url.path:
+            return response
+        await response.aread()
+        await response.aclose()
+        self.garbled[mode] += 1
+        if mode == "encoding":
+            headers = {"content-type": "application/json", "content-encoding": "gzip"}
+            return httpx.Response(200, headers=headers, stream=_Body(b"SECRET-BODY is not gzip"))
+        return httpx.Response(200, json={"id": "x", "status": "SECRET-BODY"})
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Body(httpx.AsyncByteStream):
+    """Streamed, so it is decoded (and fails) when the client reads it, as an answer off the wire."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._data
+
+
+async def test_polling_survives_answers_it_cannot_read(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An answer the client cannot decode, or an object it cannot parse, while the stream is down:
+    the poller goes on (one log line per kind, without the body), and the wait still sees its BMI
+    run once answers are readable again."""
+    await harness.lab.timings(boot_s=60.0)  # booting until the poller has met every garbled answer
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    bmi_id = created.instance.id
+    await harness.lab.faults(routes={f"{PRIVATE}/events/watch": {"error_rate": 1.0}})  # never streams
+    transport = _Garbling()
+    client = BmaasClient(harness.twin.url, harness.token_file, timeout=10.0, transport=transport)
+    watcher = BmiWatcher(client, poll_initial=0.05, poll_max=0.1, reconnect_initial=0.05, reconnect_max=0.2)
+
+    def running(obs: Observed) -> bool:
+        return isinstance(obs, BmiSnapshot) and obs.state == BmiState.RUNNING
+
+    waiting = asyncio.ensure_future(watcher.wait(bmi_id, running, tick=0.1, on_tick=lambda *_: None))
+    try:
+
+        async def seeded() -> bool:
+            return isinstance(watcher.observed(bmi_id), BmiSnapshot)
+
+        async def garbled(mode: str) -> bool:
+            return transport.garbled[mode] >= 3  # asked again after the failures: still polling
+
+        await wait_for(seeded, what="the waiter's BMI seeded")
+        for mode in ("encoding", "malformed"):
+            transport.mode = mode
+            await wait_for(functools.partial(garbled, mode), what=f"{mode} answers polled past")
+        transport.mode = None
+        assert not watcher.streaming
+        await harness.lab.timings(boot_s=0.0)
+        observed = await asyncio.wait_for(waiting, 20)
+    finally:
+        waiting.cancel()
+        await watcher.stop()
+        await client.aclose()
+    assert running(observed)
+    logged = [r.getMessage() for r in caplog.records if "BMI poll failed" in r.getMessage()]
+    assert logged == [
+        "BMI poll failed (DecodingError); polling goes on",
+        "BMI poll failed (AttributeError); polling goes on",
+    ]
+    assert not any("SECRET-BODY" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_dead_poller_is_started_again_by_the_next_wait(harness: Harness) -> None:
+    poller = next(t for t in harness.watcher._tasks if t.get_name() == "bmaas-watch-poller")
+    poller.cancel()  # as a bug that let an exception out would end it
+    with contextlib.suppress(asyncio.CancelledError):
+        await poller
+    await harness.lab.timings(boot_s=60.0)
+    created = await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    await harness.lab.faults(routes={f"{PRIVATE}/events/watch": {"error_rate": 1.0}})
+    harness.transport.cut_watches()
+    await wait_for(lambda: _stream_down(harness), what="stream down")
+    # Only polling can tell the wait its BMI runs now.
+    running = await _running_once_a_beat(
+        harness, created.instance.id, lambda p: p.observed_via == "polling", "a heartbeat of a polled state"
+    )
+    assert running.bmi_id == created.instance.id
     assert harness.watcher.stats.polls >= 1
 
 
