@@ -10,11 +10,11 @@ import os
 import typer
 import uvicorn
 
-from worker.codec import CodecConfigError, codec_from_env, generate_key_entry
-from worker.codec_server import DEFAULT_UI_ORIGIN, create_codec_app
+from worker.codec import CodecConfigError, codec_from_env, data_converter, generate_key_entry
+from worker.codec_server import DEFAULT_UI_ORIGIN, AuthFile, create_codec_app, is_loopback
 from worker.health import split_bind
 from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
-from worker.settings import ConfigError, Settings, load_settings
+from worker.settings import CodecSettings, ConfigError, Settings, env_variable, load_settings
 from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect_patiently
 
@@ -22,11 +22,20 @@ from worker.temporal_client import connect_patiently
 # token, so they only speak up for warnings.
 QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes")
 
+log = logging.getLogger(__name__)
+
 
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def _config_failure(err: ConfigError) -> typer.Exit:
+    """One line per bad variable, exit 2 (the README's exit codes)."""
+    for problem in err.problems:
+        typer.echo(f"error: configuration: {problem}", err=True)
+    return typer.Exit(2)
 
 
 def worker_command(
@@ -36,9 +45,12 @@ def worker_command(
     _logging(log_level)
     try:
         settings = load_settings(Settings)
-    except ConfigError as err:  # one line per bad variable, exit 2 (the README's exit codes)
-        for problem in err.problems:
-            typer.echo(f"error: configuration: {problem}", err=True)
+        # The key ring is read here, before anything starts, and handed to connect().
+        codec = codec_from_env(load_settings(CodecSettings))
+    except ConfigError as err:
+        raise _config_failure(err) from None
+    except CodecConfigError as err:
+        typer.echo(f"error: payload codec: {err}", err=True)
         raise typer.Exit(2) from None
     try:
         telemetry = setup_telemetry(settings.metrics_bind, service_name="osac-workers-worker")
@@ -48,10 +60,9 @@ def worker_command(
 
     async def main() -> None:
         try:
-            client = await connect_patiently(settings.temporal_connect_seconds)
-        except CodecConfigError as err:
-            typer.echo(f"error: payload codec: {err}", err=True)
-            raise typer.Exit(2) from err
+            client = await connect_patiently(
+                settings.temporal_connect_seconds, data_converter=data_converter(codec)
+            )
         except RuntimeError as err:
             address = os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233 (default)")
             typer.echo(
@@ -94,16 +105,28 @@ def codec_serve_command(
     """Serve /encode and /decode for the Web UI (`temporal server start-dev --ui-codec-endpoint URL`)."""
     _logging(log_level)
     try:
-        codec = codec_from_env()
+        settings = load_settings(CodecSettings)
+        codec = codec_from_env(settings)
+        auth = AuthFile(settings.server_auth_file) if settings.server_auth_file is not None else None
         host, port = split_bind(bind)
+    except ConfigError as err:
+        raise _config_failure(err) from None
     except (CodecConfigError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from err
     if codec is None:
         typer.echo("error: no codec keys configured (OSAC_CODEC_KEYS or OSAC_CODEC_KEYS_FILE)", err=True)
         raise typer.Exit(2)
+    if auth is None and not is_loopback(host):
+        # Not refused: it may sit behind a proxy that authenticates; but say what it exposes.
+        log.warning(
+            "the codec server listens on %s without a credential: anyone who can reach it can decrypt"
+            " and encrypt payloads. Set %s, or keep it behind an authenticating proxy",
+            bind,
+            env_variable(CodecSettings, "server_auth_file"),
+        )
     typer.echo(f"codec server on http://{bind} for {', '.join(ui_origin)}", err=True)
-    uvicorn.run(create_codec_app(codec, ui_origin), host=host, port=port, log_level=log_level.lower())
+    uvicorn.run(create_codec_app(codec, ui_origin, auth), host=host, port=port, log_level=log_level.lower())
 
 
 @codec_app.command("keygen")

@@ -1,8 +1,9 @@
 """Optional payload encryption: an AES-GCM `PayloadCodec` with a key ring.
 
-Every payload Temporal stores (inputs, results, heartbeats, memos, summaries) is encrypted on the way
-out of our processes and decrypted on the way in, so the Temporal server and its database only hold
-ciphertext. Off unless keys are configured (worker/settings.py `CodecSettings`).
+Every payload Temporal stores (inputs, results, heartbeats, memos, summaries, and failures' messages
+and stack traces) is encrypted on the way out of our processes and decrypted on the way in, so the
+Temporal server and its database only hold ciphertext. Off unless keys are configured
+(worker/settings.py `CodecSettings`).
 
 Key rotation: every key of the ring decrypts, exactly one encrypts. Roll a new key out as a
 decode-only key first (everywhere: worker, controller, CLI, codec server), then make it the encode
@@ -29,18 +30,20 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
 
 from activities.file_stamp import FileStamp, file_stamp
-from worker.settings import CodecSettings
+from worker.settings import CodecSettings, env_variable
 
 log = logging.getLogger(__name__)
 
 ENCODING = b"binary/encrypted"
 KEY_ID_METADATA = "encryption-key-id"
 NONCE_BYTES = 12
+TAG_BYTES = 16  # AES-GCM's authentication tag, at the end of the ciphertext
 _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENTRY_SEPARATORS = re.compile(r"[,\s]+")
 
@@ -60,7 +63,9 @@ class KeyRing:
 
     def __post_init__(self) -> None:
         if self.encode_key_id not in self.keys:
-            raise CodecConfigError(f"the encode key {self.encode_key_id!r} is not in the key ring")
+            raise CodecConfigError(
+                f"the encode key {self.encode_key_id!r} (OSAC_CODEC_ENCODE_KEY) is not in the key ring"
+            )
 
     @classmethod
     def parse(cls, *sources: str, encode_key: str | None = None) -> KeyRing:
@@ -96,12 +101,23 @@ class KeyRing:
     def from_settings(cls, settings: CodecSettings) -> KeyRing | None:
         if not settings.enabled:
             return None
-        sources = []
+        sources, where = [], []
         if settings.keys is not None:
             sources.append(settings.keys.get_secret_value())
+            where.append(env_variable(CodecSettings, "keys"))
         if settings.keys_file is not None:
-            sources.append(Path(settings.keys_file).read_text())
-        return cls.parse(*sources, encode_key=settings.encode_key)
+            variable = f"{env_variable(CodecSettings, 'keys_file')}={settings.keys_file}"
+            try:
+                sources.append(Path(settings.keys_file).read_text())
+            except (OSError, ValueError) as err:  # missing, unreadable, a directory, not UTF-8
+                reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+                raise CodecConfigError(f"{variable}: cannot read it ({reason})") from None
+            where.append(variable)
+        try:
+            return cls.parse(*sources, encode_key=settings.encode_key)
+        except CodecConfigError as err:
+            # Name the variables the ring came from, as every other configuration error does.
+            raise CodecConfigError(f"{' + '.join(where)}: {err}") from None
 
 
 class KeyRingSource:
@@ -179,11 +195,16 @@ class AesGcmCodec(PayloadCodec):
             if key is None:
                 raise PayloadDecryptError(f"payload encrypted with key {key_id!r}, not in the key ring")
             data = payload.data
+            if len(data) < NONCE_BYTES + TAG_BYTES:  # AESGCM would raise a bare ValueError on the nonce
+                raise PayloadDecryptError(
+                    f"payload encrypted with key {key_id!r} is truncated: {len(data)} bytes,"
+                    f" at least {NONCE_BYTES + TAG_BYTES} expected"
+                )
             try:
                 plain = AESGCM(key).decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], key_id.encode())
-            except InvalidTag:
+                decoded.append(Payload.FromString(plain))
+            except (InvalidTag, DecodeError):
                 raise PayloadDecryptError(f"payload does not decrypt with key {key_id!r}") from None
-            decoded.append(Payload.FromString(plain))
         return decoded
 
 
@@ -202,10 +223,19 @@ def codec_from_env(settings: CodecSettings | None = None) -> AesGcmCodec | None:
 
 
 def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
-    """The project's data converter (pydantic payloads), with the payload codec when one is given."""
+    """The project's data converter (pydantic payloads), with the payload codec when one is given.
+
+    With a codec, failures' messages and stack traces go into their encoded attributes, so they are
+    encrypted too (the default converter leaves them in plaintext). Either converter reads failures
+    written by the other: histories from before encryption stay readable, and back.
+    """
     if codec is None:
         return pydantic_data_converter
-    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=codec,
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 def data_converter_from_env(settings: CodecSettings | None = None) -> DataConverter:

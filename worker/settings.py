@@ -18,12 +18,14 @@ from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar, get_args
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from activities.bmaas.client import PRIVATE_PREFIX
 from activities.reporting import DEFAULT_BATCH_WINDOW_S
 from contracts.refs import DNS_LABEL
 from contracts.workflows import BMAAS_TASK_QUEUE, WORKFLOW_TASK_QUEUE
@@ -46,7 +48,7 @@ class Settings(BaseSettings):
 
     fulfillment_url: str = Field(
         default="http://127.0.0.1:8100",
-        description="BMaaS root URL, no path (the client adds /api/private/v1)",
+        description="BMaaS root URL, without /api/private/v1 (the client adds it)",
     )
     fulfillment_token_file: Path = Field(
         default=Path("/var/run/secrets/osac/fulfillment-token"), description="bearer token, re-read on change"
@@ -102,6 +104,30 @@ class Settings(BaseSettings):
     health_bind: str | None = Field(
         default=None, description="host:port of the /healthz and /readyz probes; off when unset"
     )
+
+    @field_validator("fulfillment_url")
+    @classmethod
+    def _root_url(cls, url: str) -> str:
+        """Checked at start: without a scheme every call fails (httpx UnsupportedProtocol), and with
+        the API path every call 404s (the client appends PRIVATE_PREFIX itself)."""
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # a port that is not a number, or out of range, raises ValueError
+        except ValueError as err:
+            raise ValueError(f"not a URL ({err})") from None
+        if parts.scheme not in ("http", "https"):
+            raise ValueError("expected an http:// or https:// URL, e.g. https://fulfillment.example.com")
+        if not parts.hostname:
+            raise ValueError("the URL has no host")
+        if parts.query or parts.fragment:
+            raise ValueError("the URL must not have a query or a fragment")
+        # A path prefix of a proxy in front of BMaaS is fine; the API's own path is not.
+        api_root = PRIVATE_PREFIX.rsplit("/", 1)[0]  # /api/private
+        if f"{api_root}/" in f"{parts.path.rstrip('/')}/":
+            raise ValueError(
+                f"give the service's root URL, without {PRIVATE_PREFIX} (the client adds it to every call)"
+            )
+        return url
 
     @field_validator("fulfillment_ca_file")
     @classmethod
@@ -164,6 +190,11 @@ class CodecSettings(BaseSettings):
     keys: SecretStr | None = Field(default=None, description="inline key ring: id=base64[,id=base64...]")
     keys_file: Path | None = Field(default=None, description="file holding the key ring (a mounted Secret)")
     encode_key: str | None = Field(default=None, description="id of the key new payloads are encrypted with")
+    # Read by `osac-workers codec serve` only; the other processes ignore it.
+    server_auth_file: Path | None = Field(
+        default=None,
+        description="file holding the Authorization header value /encode and /decode require; re-read",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -1,10 +1,12 @@
 """The optional AES-GCM payload codec: round trip, key rotation, the key file re-read, connect()'s
-wiring, the codec server the Web UI calls, and an encrypted history that replays with the key."""
+wiring, the codec server the Web UI calls, an encrypted history that replays with the key, and
+encrypted failure messages."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import os
 import secrets
@@ -17,8 +19,11 @@ from google.protobuf import json_format
 from pydantic import SecretStr
 from temporalio import activity
 from temporalio.api.common.v1 import Payload, Payloads
-from temporalio.client import Client
+from temporalio.api.failure.v1 import Failure
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.converter import DataConverter, DefaultFailureConverter
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
@@ -27,6 +32,7 @@ from tests.ops.probe_workflows import EchoWorkflow, SecretInput
 from worker.codec import (
     ENCODING,
     KEY_ID_METADATA,
+    NONCE_BYTES,
     AesGcmCodec,
     CodecConfigError,
     KeyRing,
@@ -100,6 +106,18 @@ async def test_tampered_or_misattributed_payloads_do_not_decrypt() -> None:
     relabelled.metadata[KEY_ID_METADATA] = b"k2"
     with pytest.raises(PayloadDecryptError):
         await codec.decode([relabelled])
+
+
+async def test_truncated_ciphertext_is_a_decrypt_error() -> None:
+    """Shorter than the nonce (and tag), AESGCM raised a bare ValueError: the codec server's 500."""
+    codec = AesGcmCodec(KeyRing.parse(f"k1={_key()}"))
+    (sealed,) = await codec.encode(_payloads("x"))
+    for length in (0, 5, NONCE_BYTES - 1, NONCE_BYTES, NONCE_BYTES + 15):
+        short = Payload()
+        short.CopyFrom(sealed)
+        short.data = sealed.data[:length]
+        with pytest.raises(PayloadDecryptError, match="truncated"):
+            await codec.decode([short])
 
 
 def test_key_ring_errors_never_show_key_material() -> None:
@@ -223,6 +241,27 @@ def test_codec_server_for_the_web_ui() -> None:
         assert http.get("/encode").status_code == 405
 
 
+def test_codec_server_answers_bad_input_with_400() -> None:
+    codec = AesGcmCodec(KeyRing.parse(f"k1={_key()}"))
+    (sealed,) = asyncio.run(codec.encode(_payloads("x")))
+    truncated = Payload()
+    truncated.CopyFrom(sealed)
+    truncated.data = sealed.data[:5]
+    headers = {"Content-Type": "application/json"}
+    with (
+        ThreadedServer(create_codec_app(codec, [UI_ORIGIN])) as server,
+        httpx.Client(base_url=server.url, timeout=10.0) as http,
+    ):
+        short = http.post("/decode", content=json_format.MessageToJson(Payloads(payloads=[truncated])))
+        assert short.status_code == 400 and "truncated" in short.json()["message"]
+        for body in (b"\xff\xfe{}", b'{"payloads": [{"data": "\xe9"}]}'):
+            answer = http.post("/decode", content=body, headers=headers)
+            assert answer.status_code == 400 and "UTF-8" in answer.json()["message"], body
+        for body in (b"", b"null", b"[1]", b'{"payloads": 1}'):
+            answer = http.post("/encode", content=body, headers=headers)
+            assert answer.status_code == 400 and "protobuf JSON" in answer.json()["message"], body
+
+
 @activity.defn(name="shout")
 async def shout(note: str) -> str:
     return note.upper()
@@ -253,7 +292,8 @@ async def test_encrypted_history_replays_with_the_key(temporal_env: WorkflowEnvi
     result = await Replayer(workflows=[EchoWorkflow], data_converter=converter).replay_workflow(history)
     assert result.replay_failure is None
     stranger = data_converter(AesGcmCodec(KeyRing.parse(f"k2={_key()}")))
-    with pytest.raises(Exception, match="k1"):
+    # The task failure's message is encrypted too (it may quote a payload): only its type shows.
+    with pytest.raises(Exception, match="PayloadDecryptError"):
         await Replayer(workflows=[EchoWorkflow], data_converter=stranger).replay_workflow(history)
 
 
@@ -269,3 +309,62 @@ def test_codec_is_off_unless_keys_are_configured(tmp_path: Path, monkeypatch: py
     assert isinstance(codec, AesGcmCodec)
     assert isinstance(data_converter_from_env().payload_codec, AesGcmCodec)
     assert asyncio.run(codec.encode(_payloads("x")))[0].metadata[KEY_ID_METADATA] == b"k2"
+
+
+@activity.defn(name="shout")
+async def shout_refusing(note: str) -> str:
+    raise ApplicationError(f"refused: {note}", type="Refused", non_retryable=True)
+
+
+async def test_failure_messages_and_stack_traces_are_encrypted(temporal_env: WorkflowEnvironment) -> None:
+    converter = data_converter(AesGcmCodec(KeyRing.parse(f"k1={_key()}")))
+    config = temporal_env.client.config()
+    config["data_converter"] = converter
+    client = Client(**config)
+    task_queue = f"codec-{uuid.uuid4().hex[:6]}"
+    note = f"tenant-note-{uuid.uuid4().hex}"
+    async with Worker(client, task_queue=task_queue, workflows=[EchoWorkflow], activities=[shout_refusing]):
+        handle = await client.start_workflow(
+            EchoWorkflow.run, SecretInput(note=note), id=f"echo-{uuid.uuid4().hex[:6]}", task_queue=task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    # The caller, with the key, reads the failure as raised.
+    cause = failed.value.cause
+    assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError)
+    assert cause.cause.message == f"refused: {note}" and cause.cause.type == "Refused"
+    # The server holds neither the message nor the stack trace (which names this file).
+    raw = (await handle.fetch_history()).to_json()
+    assert note not in raw and "refused:" not in raw
+    assert "test_codec.py" not in raw and "shout_refusing" not in raw
+
+
+async def test_failures_written_with_or_without_encoded_attributes_read_both_ways() -> None:
+    """Histories written before the failure converter changed (message in plaintext) stay readable,
+    and a process still on the old converter reads the new ones."""
+    encrypted = data_converter(AesGcmCodec(KeyRing.parse(f"k1={_key()}")))
+    plain = dataclasses.replace(encrypted, failure_converter_class=DefaultFailureConverter)
+
+    async def written_by(converter: DataConverter) -> Failure:
+        failure = Failure()
+        try:
+            try:
+                raise KeyError("inner-secret")
+            except KeyError as inner:
+                raise ApplicationError("outer-secret", type="Refused") from inner
+        except ApplicationError as err:
+            await converter.encode_failure(err, failure)
+        return failure
+
+    old_failure = await written_by(plain)
+    assert old_failure.message == "outer-secret"  # what the plain converter left on the server
+    new_failure = await written_by(encrypted)
+    assert "secret" not in str(new_failure)
+    for writer_failure in (old_failure, new_failure):
+        for reader in (encrypted, plain):
+            copy = Failure()
+            copy.CopyFrom(writer_failure)
+            read = await reader.decode_failure(copy)
+            assert isinstance(read, ApplicationError)
+            assert read.message == "outer-secret" and read.type == "Refused"
+            assert "inner-secret" in str(read.__cause__)

@@ -120,6 +120,20 @@ def _environment(docs: list[dict[str, Any]], deployment: dict[str, Any]) -> dict
     return env
 
 
+def _assert_secrets_readable_by_the_pod_user(pod: dict[str, Any]) -> None:
+    """runAsNonRoot with a UID the platform picks (OpenShift's restricted SCC assigns one, and an
+    fsGroup, from the namespace's range and refuses a fixed one): a Secret's files belong to root,
+    so 0400 would lock the process out of its own token, TLS key and codec keys. They are readable
+    by any user of the pod's one container instead; no fixed fsGroup is asked for."""
+    context = pod["securityContext"]
+    assert context["runAsNonRoot"] is True
+    assert "fsGroup" not in context
+    secrets = [v for v in pod["volumes"] if "secret" in v]
+    assert secrets
+    for volume in secrets:
+        assert volume["secret"]["defaultMode"] == 0o444, volume["name"]
+
+
 def _known_variable(name: str) -> bool:
     settings = {f"OSAC_{field.upper()}" for field in Settings.model_fields} | {"KUBECONFIG"}
     codec = {f"OSAC_CODEC_{field.upper()}" for field in CodecSettings.model_fields}
@@ -152,7 +166,7 @@ def test_deployments_are_operable(rendered: list[dict[str, Any]], process: str) 
     requests = container["resources"]["requests"]
     assert requests["cpu"] and requests["memory"] and container["resources"]["limits"]["memory"]
     assert pod["terminationGracePeriodSeconds"] > float(env["OSAC_GRACEFUL_SHUTDOWN_SECONDS"])
-    assert pod["securityContext"]["runAsNonRoot"] is True
+    _assert_secrets_readable_by_the_pod_user(pod)
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
@@ -186,7 +200,7 @@ def test_bmaas_token_and_ca_are_mounted_where_the_settings_point(
     assert str(token.parent) == mounts["fulfillment-token"]["mountPath"]
     assert mounts["fulfillment-token"]["readOnly"] is True
     secret = volumes["fulfillment-token"]["secret"]
-    assert secret["secretName"] == "osac-fulfillment-token" and secret["defaultMode"] == 0o400
+    assert secret["secretName"] == "osac-fulfillment-token"
     # A mounted file, not an env var: rotation reaches the running process.
     assert not any("TOKEN" in item["name"] and "valueFrom" in item for item in container.get("env", []))
     # The private CA, once config.env's line is uncommented, is where that line points.
@@ -215,3 +229,4 @@ def test_codec_component_mounts_the_key_ring_in_both_processes(tmp_path: Path) -
         assert str(keys_file.parent) == mounts["codec-keys"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["codec-keys"]["secret"]["secretName"] == "osac-codec-keys"
+        _assert_secrets_readable_by_the_pod_user(pod)

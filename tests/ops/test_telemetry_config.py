@@ -1,21 +1,24 @@
-"""Telemetry configuration from the environment, the health probe server, and the CLI entry points."""
+"""Telemetry configuration from the environment, the health probe server, the CLI entry points, and
+settings checked when they load."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+from pathlib import Path
 
 import httpx
 import pytest
+import typer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
 import worker.telemetry as telemetry
-from worker.cli import codec_app
+from worker.cli import codec_app, worker_command
 from worker.codec import KeyRing
 from worker.health import serve_health, split_bind
-from worker.settings import Settings
+from worker.settings import ConfigError, Settings, load_settings
 from worker.telemetry import (
     TracesExporter,
     build_runtime,
@@ -139,6 +142,28 @@ def test_codec_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     assert refused.exit_code == 2 and "no codec keys" in refused.output
 
 
+@pytest.mark.parametrize("content", [None, "k1=not-base64!!"], ids=["missing", "malformed"])
+def test_a_bad_codec_keys_file_is_exit_2_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | None
+) -> None:
+    """Not a FileNotFoundError traceback and exit 1, in the worker and the codec server alike."""
+    keys_file = tmp_path / "codec-keys"
+    if content is not None:
+        keys_file.write_text(content)
+    monkeypatch.delenv("OSAC_CODEC_KEYS", raising=False)
+    monkeypatch.setenv("OSAC_CODEC_KEYS_FILE", str(keys_file))
+    monkeypatch.setenv("OSAC_TEMPORAL_CONNECT_SECONDS", "0")  # never wait for a Temporal
+    monkeypatch.setattr(telemetry, "_process_telemetry", None)  # the worker sets it up, once a process
+    worker_app = typer.Typer()
+    worker_app.command()(worker_command)
+    for app, args in ((worker_app, []), (codec_app, ["serve", "--bind", "127.0.0.1:0"])):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert isinstance(result.exception, SystemExit), result.exception
+        assert f"OSAC_CODEC_KEYS_FILE={keys_file}" in result.output
+        assert "not-base64" not in result.output  # key material is never shown
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "problem"),
     [
@@ -155,3 +180,47 @@ def test_bind_addresses_are_checked_when_the_settings_load(
         Settings()
     monkeypatch.setenv(variable, "[::1]:9464")
     assert getattr(Settings(), variable.removeprefix("OSAC_").lower()) == "[::1]:9464"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("host:8000", "expected an http:// or https:// URL"),
+        ("127.0.0.1:8100", "expected an http:// or https:// URL"),
+        ("fulfillment.example.com", "expected an http:// or https:// URL"),
+        ("ftp://fulfillment.example.com", "expected an http:// or https:// URL"),
+        ("https://", "no host"),
+        ("https://:8100", "no host"),
+        ("http://127.0.0.1:99999", "not a URL"),
+        ("https://fulfillment.example.com?tenant=a", "query"),
+        ("https://x/api/private/v1", "without /api/private/v1"),
+        ("https://x/api/private/v1/", "without /api/private/v1"),
+        ("https://x/api/private", "without /api/private/v1"),
+        ("https://gw.example.com/fulfillment/api/private/v1/baremetal_instances", "without /api/private/v1"),
+    ],
+)
+def test_the_fulfillment_url_is_checked_when_the_settings_load(
+    monkeypatch: pytest.MonkeyPatch, url: str, problem: str
+) -> None:
+    """Without a scheme every BMaaS call failed (httpx UnsupportedProtocol); with the API's path every
+    call 404ed (the client appends /api/private/v1/... itself)."""
+    monkeypatch.setenv("OSAC_FULFILLMENT_URL", url)
+    with pytest.raises(ConfigError) as err:
+        load_settings(Settings)
+    (line,) = err.value.problems
+    assert line.startswith("OSAC_FULFILLMENT_URL: ") and problem in line and repr(url) in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8100",
+        "https://fulfillment.example.com",
+        "https://fulfillment.example.com/",
+        "http://[::1]:8100",
+        "https://gw.example.com/fulfillment",  # a proxy's path prefix
+    ],
+)
+def test_root_fulfillment_urls_are_accepted(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("OSAC_FULFILLMENT_URL", url)
+    assert load_settings(Settings).fulfillment_url == url
