@@ -55,6 +55,38 @@ class SetNodeSets(BaseModel):
     # The instance types BMaaS offers now (the caller's catalog), so a type added after the order
     # started is accepted; None keeps the ones the workflow knows.
     instance_types: list[str] | None = None
+    # The node sets the caller saw when it decided (compare-and-swap): a change decided on a state
+    # that changed since (another controller's newer edit, a named scale-down) is refused, not
+    # applied over it. None: no expectation (a new order, a caller that does not look first).
+    expected_node_sets: list[NodeSetRequest] | None = None
+
+
+def same_node_sets(a: Iterable[NodeSetRequest], b: Iterable[NodeSetRequest]) -> bool:
+    """The same sets with the same types and counts, in whatever order."""
+
+    def key(sets: Iterable[NodeSetRequest]) -> dict[str, tuple[str, int]]:
+        return {n.name: (n.instance_type, n.count) for n in sets}
+
+    return key(a) == key(b)
+
+
+# The ApplicationError type of a set_node_sets refused because the order moved on since its caller
+# looked (an older generation, other node sets): not the tenant's bad input; look again.
+NODE_SETS_SUPERSEDED = "NodeSetsSuperseded"
+
+
+def change_superseded(
+    command: SetNodeSets, applied_generation: int | None, node_sets: Iterable[NodeSetRequest]
+) -> str | None:
+    """Why a change decided on an older state of the order must not be applied over the workflow's
+    newer one (`applied_generation`, `node_sets`); None when it may."""
+    sent = command.order_generation
+    if sent is not None and applied_generation is not None and sent < applied_generation:
+        return f"order_generation: {sent} is older than generation {applied_generation}, already applied"
+    expected = command.expected_node_sets
+    if expected is not None and not same_node_sets(expected, node_sets):
+        return "expected_node_sets: the node sets changed since the caller looked"
+    return None
 
 
 CONFIRM_SCALE_DOWN_ANNOTATION = "osac.openshift.io/confirm-scale-down"
@@ -154,6 +186,7 @@ class OrderConditionType(StrEnum):
     WORKERS_FAILED = "WorkersFailed"
     RHCOS_IMAGE_NOT_FOUND = "RHCOSImageNotFound"
     FULFILLMENT_SERVICE_UNAVAILABLE = "FulfillmentServiceUnavailable"
+    SECURITY_GROUPS_APPLIED = "SecurityGroupsApplied"
 
 
 class WorkerSlotSpec(BaseModel):

@@ -29,7 +29,8 @@ from temporalio.client import (
     WorkflowHistoryEventFilterType,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.refs import OrderRef
@@ -37,6 +38,7 @@ from contracts.worker import TimingPolicy
 from contracts.workflows import (
     BMAAS_TASK_QUEUE,
     DEFAULT_MAX_WORKERS_PER_ORDER,
+    NODE_SETS_SUPERSEDED,
     WORKFLOW_TASK_QUEUE,
     ClusterWorkersInput,
     ClusterWorkersStatus,
@@ -58,6 +60,13 @@ class OrderNotFound(CommandError):
 
 class StatusUnanswered(CommandError):
     """No worker answered the status query in time: busy or down, so asking again may succeed."""
+
+
+class ChangedMeanwhile(Exception):
+    """What the caller decided on changed before its command landed: a closed run holds the order's
+    workflow id where it expected a running one or none (terminated by an operator a moment ago),
+    or the workflow has a newer generation or other node sets. Nothing was started or changed;
+    look again."""
 
 
 class WorkflowState(StrEnum):
@@ -160,13 +169,22 @@ class WorkersApi:
         update_id: str | None = None,
         confirm_scale_down: bool = False,
         order_generation: int | None = None,
+        expected_node_sets: Sequence[NodeSetRequest] | None = None,
+        after_completed_run: bool = False,
     ) -> ClusterWorkersStatus:
         """Ensure the order's workflow runs and set its node sets, in one call (idempotent).
 
         `update_id`: callers that may send the same change twice (two controllers) pass an id
         derived from the change; the server then applies it once and answers both.
         `confirm_scale_down`: let a mass scale-down through the workflow's guard.
-        `order_generation`: the ClusterOrder generation this comes from (the status reports it)."""
+        `order_generation`: the ClusterOrder generation this comes from (the status reports it).
+        `expected_node_sets`: the node sets the caller saw when it decided; the change is refused
+        (ChangedMeanwhile) if the workflow's differ by now, as it is for an older `order_generation`.
+        `after_completed_run`: the caller found the order's last run completed (decommissioned) and
+        means to start afresh. Otherwise a closed run under the id is never replaced: a run an
+        operator terminated after the caller looked must stay stopped (a new one would number its
+        slots from 0 and tell the stopped run's workers, which still hold their hosts, to leave);
+        ChangedMeanwhile says so."""
         start = WithStartWorkflowOperation(
             ClusterWorkersWorkflow.run,
             ClusterWorkersInput(
@@ -179,6 +197,11 @@ class WorkersApi:
             id=cluster_workflow_id(order),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=(
+                WorkflowIDReusePolicy.ALLOW_DUPLICATE
+                if after_completed_run
+                else WorkflowIDReusePolicy.REJECT_DUPLICATE
+            ),
             static_summary=f"Bare-metal workers of ClusterOrder {order.key}",
             static_details=f"Order: {order.key}\nInfraEnv: {order.namespace}/{order.infraenv_name}",
         )
@@ -190,12 +213,19 @@ class WorkersApi:
                     confirm_scale_down=confirm_scale_down,
                     order_generation=order_generation,
                     instance_types=sorted(instance_types) if instance_types else None,
+                    expected_node_sets=None if expected_node_sets is None else list(expected_node_sets),
                 ),
                 start_workflow_operation=start,
                 id=update_id,
             )
         except WorkflowUpdateFailedError as err:
+            if getattr(err.cause, "type", None) == NODE_SETS_SUPERSEDED:
+                raise ChangedMeanwhile(f"order {order.key}: {_rejection(err)}") from err
             raise _rejection(err) from err
+        except WorkflowAlreadyStartedError as err:
+            raise ChangedMeanwhile(
+                f"order {order.key}: a closed run holds its workflow id; nothing was started"
+            ) from err
 
     async def status(self, order: OrderRef, *, field: str | None = None) -> ClusterWorkersStatus:
         """The latest run's status (its `status` query). `field`: the input a command's refusal

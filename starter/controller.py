@@ -70,8 +70,14 @@ from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus, OrderFacts
 from contracts.refs import OrderRef
-from contracts.workflows import NodeSetRequest, cluster_workflow_id, node_set_problem, workers_removed
-from starter.api import CommandError, WorkersApi, WorkflowState
+from contracts.workflows import (
+    NodeSetRequest,
+    cluster_workflow_id,
+    node_set_problem,
+    same_node_sets,
+    workers_removed,
+)
+from starter.api import ChangedMeanwhile, CommandError, WorkersApi, WorkflowState
 from starter.orders import (
     FINALIZER,
     ConditionReason,
@@ -82,7 +88,7 @@ from starter.orders import (
     finalizers,
     generation,
 )
-from starter.validation import InstanceTypeCatalog, desired_node_sets, order_problem, same_node_sets
+from starter.validation import InstanceTypeCatalog, desired_node_sets, order_problem
 
 log = logging.getLogger("osac.controller")
 
@@ -195,6 +201,10 @@ def apply_id(
     return f"set-node-sets/{uid or 'no-uid'}/{gen}/{digest(desired)}/{digest(observed)}{confirmed_part}"
 
 
+class ChangeUnanswered(Exception):
+    """No worker took a change in time: the reconcile fails (counted) and is retried."""
+
+
 class ClusterOrderController:
     def __init__(
         self,
@@ -210,9 +220,12 @@ class ClusterOrderController:
         decommission_poll_seconds: float = 60.0,
         bmaas: BmaasClient | None = None,
         meter: MetricMeter | None = None,
+        apply_timeout_seconds: float = 30.0,
     ) -> None:
         """`bmaas`: where the BMIs of a deleting order are listed (the catalog's client by default).
-        `meter`: where the stats are also counted (`COUNTERS`), e.g. the process runtime's."""
+        `meter`: where the stats are also counted (`COUNTERS`), e.g. the process runtime's.
+        `apply_timeout_seconds`: how long a change may wait for a worker to take it before the
+        reconcile fails and is retried (the SDK would wait for good, holding a reconcile slot)."""
         self._kube = kube
         self._orders = HubOrders(kube)
         self._api = api
@@ -224,6 +237,7 @@ class ClusterOrderController:
         self._health_file = health_file
         self._backoff = error_backoff
         self._decommission_poll = decommission_poll_seconds
+        self._apply_timeout = apply_timeout_seconds
         self._queue = WorkQueue()
         self._failures: dict[str, int] = {}
         self._finish_waiters: dict[str, asyncio.Task[None]] = {}
@@ -484,21 +498,23 @@ class ClusterOrderController:
         confirm = confirmed(obj)
         closed_run = latest.run_id if state == WorkflowState.COMPLETED else None
         update_id = apply_id(facts.uid, generation(obj), desired, observed, state, confirm, closed_run)
+        after_completed = closed_run is not None
         try:
-            await self._apply(ref, desired, update_id, confirm, generation(obj))
+            await self._apply(ref, desired, update_id, confirm, generation(obj), observed, after_completed)
+            # Only a running workflow can have completed this id before.
+            again = None
+            if observed is not None:
+                again = await self._deduplicated(ref, desired, update_id, generation(obj))
+            if again is not None:
+                again_id, seen_now = again
+                await self._apply(ref, desired, again_id, confirm, generation(obj), seen_now, after_completed)
         except CommandError as err:
             await self._reject(ref, str(err), None, generation(obj))
             return None
-        # Only a running workflow can have completed this id before.
-        again = None
-        if observed is not None:
-            again = await self._deduplicated(ref, desired, update_id, generation(obj))
-        if again is not None:
-            try:
-                await self._apply(ref, desired, again, confirm, generation(obj))
-            except CommandError as err:
-                await self._reject(ref, str(err), None, generation(obj))
-                return None
+        except ChangedMeanwhile as err:
+            # Stopped (by an operator, say) or changed (another controller) since the look above.
+            log.warning("%s; looking again", err)
+            return 0.0
         self._count("applies")
         if confirm and observed is not None and workers_removed(observed, desired) > 0:
             # A confirmation covers the scale-down it was given for: left on the order, it would
@@ -528,21 +544,36 @@ class ClusterOrderController:
         update_id: str,
         confirm: bool,
         gen: int | None,
+        expected: Sequence[NodeSetRequest] | None,
+        after_completed_run: bool,
     ) -> None:
-        await self._api.apply(
-            ref,
-            desired,
-            instance_types=await self._catalog.names(),
-            update_id=update_id,
-            confirm_scale_down=confirm,
-            order_generation=gen,
-        )
+        instance_types = await self._catalog.names()
+        try:
+            await asyncio.wait_for(
+                self._api.apply(
+                    ref,
+                    desired,
+                    instance_types=instance_types,
+                    update_id=update_id,
+                    confirm_scale_down=confirm,
+                    order_generation=gen,
+                    expected_node_sets=expected,
+                    after_completed_run=after_completed_run,
+                ),
+                self._apply_timeout,
+            )
+        except TimeoutError:
+            # Sent again under the same id, a change the server holds is still applied once.
+            raise ChangeUnanswered(
+                f"order {ref.key}: no worker took the change within {self._apply_timeout:g}s (workers"
+                f" down, or polling another task queue than {self._api.task_queue!r})"
+            ) from None
 
     async def _deduplicated(
         self, ref: OrderRef, desired: Sequence[NodeSetRequest], update_id: str, gen: int | None
-    ) -> str | None:
-        """A new id to send the change again under, if the server answered `update_id` from an
-        earlier completion.
+    ) -> tuple[str, list[NodeSetRequest]] | None:
+        """A new id to send the change again under, and the node sets it is decided on, if the
+        server answered `update_id` from an earlier completion.
 
         The id is the same whenever the workflow is back in a state it had earlier in this
         generation (a named scale-down lowered it, the order's lower count never written): the
@@ -563,7 +594,7 @@ class ClusterOrderController:
             update_id,
             ", ".join(f"{n.name}={n.count}" for n in now.node_sets) or "none",
         )
-        return f"{update_id}/again/{description.run_id}/{description.history_length}"
+        return f"{update_id}/again/{description.run_id}/{description.history_length}", now.node_sets
 
     async def _accepted(
         self, ref: OrderRef, obj: KubeObject | None, desired: Sequence[NodeSetRequest], applied: int | None

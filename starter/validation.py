@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 
 from activities.bmaas.client import INSTANCE_TYPES, BmaasClient
 from contracts.hub import OrderFacts
@@ -25,13 +24,6 @@ def order_problem(facts: OrderFacts) -> str | None:
     if not facts.invalid_node_requests:
         return None
     return "spec." + "; spec.".join(facts.invalid_node_requests)
-
-
-def same_node_sets(a: Sequence[NodeSetRequest], b: Sequence[NodeSetRequest]) -> bool:
-    def key(sets: Sequence[NodeSetRequest]) -> dict[str, tuple[str, int]]:
-        return {n.name: (n.instance_type, n.count) for n in sets}
-
-    return key(a) == key(b)
 
 
 class InstanceTypeCatalog:

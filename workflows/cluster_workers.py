@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.workflows import (
         CURRENT_WORKER_REVISION,
         LEAVING_PHASES,
+        NODE_SETS_SUPERSEDED,
         ClusterWorkersCarried,
         ClusterWorkersInput,
         ClusterWorkersStatus,
@@ -77,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerReport,
         WorkerReports,
         WorkerSlotSpec,
+        change_superseded,
         cluster_workflow_id,
         is_current,
         node_set_problem,
@@ -201,6 +203,10 @@ class ClusterPatch(StrEnum):
     # which it takes as a scale-down) is replaced at once, as a scale-down's leaver is; before, its
     # slot filled the count until its release ended, for ever with a drain that hangs.
     SELF_LEAVERS_REPLACED_AT_ONCE = "self-leavers-replaced-at-once"
+    # The order's security groups BMaaS refused to put on its hosts (a token mid-rotation, a group
+    # not there yet) are shown on the order and put again every `prerequisite_recheck` until done;
+    # before, one refusal counted as done and the hosts kept their old groups.
+    SECURITY_GROUPS_ASKED_AGAIN = "security-groups-asked-again"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -306,6 +312,8 @@ class ClusterWorkersWorkflow:
     def _validate_node_sets(self, command: SetNodeSets) -> None:
         if self._decommissioning:
             raise CommandRejected("set_node_sets: the order is being decommissioned; no further changes")
+        if superseded := change_superseded(command, self._order_generation, self._node_sets.values()):
+            raise ApplicationError(superseded, type=NODE_SETS_SUPERSEDED, non_retryable=True)
         problem = node_set_problem(
             command.node_sets,
             self._instance_types if command.instance_types is None else command.instance_types,
@@ -931,10 +939,29 @@ class ClusterWorkersWorkflow:
                 )
             )
             wanted = self._security_groups_wanted
-            await self._apply_security_groups()
-            self._security_groups_applied = wanted
+            groups = await self._apply_security_groups()
+            if not groups or not workflow.patched(ClusterPatch.SECURITY_GROUPS_ASKED_AGAIN.value):
+                self._security_groups_applied = wanted
+                continue
+            self._set_condition(
+                OrderConditionType.SECURITY_GROUPS_APPLIED,
+                ConditionStatus.FALSE,
+                REQUEST_REFUSED,
+                f"The order's security groups [{', '.join(groups)}] could not be put on all its hosts"
+                " yet; asked again shortly.",
+            )
 
-    async def _apply_security_groups(self) -> None:
+            # Asked again after a while, or at once for newer groups; a decommission ends it.
+            def newer_or_decommissioning(asked: int = wanted) -> bool:
+                return self._security_groups_wanted > asked or self._decommissioning
+
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    newer_or_decommissioning, timeout=self._input.policy.prerequisite_recheck
+                )
+
+    async def _apply_security_groups(self) -> list[str]:
+        """The order's security groups BMaaS refused to put its live BMIs in; none once it did."""
         assert self._facts is not None and self._facts.network_attachment is not None
         groups = self._facts.network_attachment.security_groups
         try:
@@ -945,14 +972,20 @@ class ClusterWorkersWorkflow:
                 summary=f"Put the order's hosts in security groups [{', '.join(groups)}]",
             )
         except ActivityError as err:
-            # BMaaS refused (a group that does not exist, say): the tenant sees why in the details.
+            if isinstance(err.cause, CancelledError):
+                raise
+            # BMaaS refused (a group that does not exist, a token mid-rotation): ops see why in the
+            # details, the tenant (SECURITY_GROUPS_ASKED_AGAIN) that its hosts are not in them yet.
             workflow.logger.warning("security groups not applied: %s", err.cause or err)
             workflow.set_current_details(
                 f"Security groups [{', '.join(groups)}] not applied: {err.cause or err}"
             )
-            return
+            return list(groups)
         if applied.bmi_ids:
             workflow.logger.info("BMIs %s put in security groups %s", applied.bmi_ids, list(groups))
+        if OrderConditionType.SECURITY_GROUPS_APPLIED in self._conditions:  # shown refused before
+            self._set_condition(OrderConditionType.SECURITY_GROUPS_APPLIED, ConditionStatus.TRUE, "Applied")
+        return []
 
     async def _wait_infraenv_ready(self, infraenv: InfraEnvRef, *, until_edited: bool = False) -> bool:
         """True once the discovery image is ready; False when a decommission (or, `until_edited`, a

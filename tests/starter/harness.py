@@ -59,9 +59,10 @@ class RunningController:
 
 
 async def start_controller(
-    stack: Stack, *, resync_seconds: float = 300.0, api: WorkersApi | None = None
+    stack: Stack, *, resync_seconds: float = 300.0, api: WorkersApi | None = None, **options: Any
 ) -> RunningController:
-    """`api`: what the controller drives (the stack's library API by default)."""
+    """`api`: what the controller drives (the stack's library API by default); `options`: more of
+    the controller's keyword arguments."""
     kube = HubKube.from_kubeconfig(str(stack.lab.hub.kubeconfig))
     bmaas = BmaasClient(stack.settings.fulfillment_url, stack.settings.fulfillment_token_file)
     controller = ClusterOrderController(
@@ -71,6 +72,7 @@ async def start_controller(
         resync_seconds=resync_seconds,
         error_backoff=(0.2, 2.0),
         decommission_poll_seconds=5.0,
+        **options,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(controller.run(stop))

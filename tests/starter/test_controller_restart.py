@@ -6,10 +6,12 @@ used before, and a stopped run purged by retention while its workers hold their 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any, cast
 
 from contracts.refs import OrderRef
-from starter.api import WorkersApi, WorkflowState
+from contracts.workflows import cluster_workflow_id
+from starter.api import ChangedMeanwhile, WorkersApi, WorkflowState
 from tests.starter.harness import (
     FINALIZER,
     OSAC_FINALIZER,
@@ -184,6 +186,143 @@ async def test_a_start_landing_after_another_controller_finalized_the_order_is_d
     finally:
         api.gate.set()
         await first.stop()
+
+
+class _HeldApply:
+    """The library API, except that the apply of one generation waits at a gate: a controller that
+    decided on it and is slow to send it (a rolling update's old replica, say)."""
+
+    def __init__(self, stack: Stack, generation: int) -> None:
+        self._stack = stack
+        self._generation = generation
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack.api, name)
+
+    async def apply(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("order_generation") == self._generation and not self.gate.is_set():
+            self.entered.set()
+            await self.gate.wait()
+        try:
+            return await self._stack.api.apply(order, *args, **kwargs)
+        except ChangedMeanwhile:
+            self.refused += 1
+            raise
+
+
+async def test_an_older_generation_sent_late_does_not_undo_a_newer_one(stack: Stack) -> None:
+    """Controller A decided on generation 2 and is slow to send it; controller B applies generation
+    3 meanwhile. A's late change is refused by the workflow (it was decided on node sets that are
+    gone), A looks again and finds 3 applied: the workflow keeps 3, and the order says 3."""
+    held = _HeldApply(stack, generation=2)
+    slow = await start_controller(stack, api=cast(WorkersApi, held))
+    try:
+        order = await create_order(stack, bare_metal(bm_standard=1))
+        await wait_condition(stack, order, "NodeRequestsValid", "True")
+        await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
+        await held.entered.wait()
+        await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=3)}})
+        async with controller(stack):
+
+            async def applied_3() -> bool:
+                return (await stack.api.status(order)).order_generation == 3
+
+            await eventually(applied_3, "controller B applying generation 3")
+        held.gate.set()
+
+        async def refused_and_accepted() -> bool:
+            accepted = condition(await get_order(stack, order), "NodeRequestsValid") or {}
+            return held.refused >= 1 and accepted.get("observedGeneration") == 3
+
+        await eventually(refused_and_accepted, "A's late change refused, and the order saying 3")
+        status = await stack.api.status(order)
+        assert (status.desired_workers, status.order_generation) == (3, 3)
+        # Generation 1 (A) and 3 (B): A's late change never entered the history.
+        assert await update_names(stack, order) == ["set_node_sets"] * 2
+        await wait_ready(stack, order, 3)
+    finally:
+        held.gate.set()
+        await slow.stop()
+
+
+class _TerminatedAfterStatus:
+    """The library API, except that once armed, an operator terminates the order's run right after
+    the controller read its status: the controller decided on a running workflow that is closed by
+    the time its change goes out."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+        self.armed = False
+        self.terminated = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack.api, name)
+
+    async def status(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
+        result = await self._stack.api.status(order, *args, **kwargs)
+        if self.armed:
+            self.armed = False
+            await terminate_cluster_workflow(self._stack, order)
+            self.terminated = True
+        return result
+
+
+async def test_a_run_terminated_while_a_change_goes_out_is_not_replaced(stack: Stack) -> None:
+    """A run terminated between the controller's look and its update-with-start stays stopped: a
+    new run would number its slots from 0 and tell the stopped run's worker, which holds its host,
+    to leave. The order says WorkersWorkflowStopped, as for a run terminated at any other time."""
+    api = _TerminatedAfterStatus(stack)
+    async with controller(stack, api=cast(WorkersApi, api), resync_seconds=2.0) as running:
+        order = await create_order(stack, bare_metal(bm_standard=1))
+        await wait_ready(stack, order, 1)
+        await wait_condition(stack, order, "NodeRequestsValid", "True")
+        original_run = await run_id(stack, order)
+        held = [bmi["id"] for bmi in await stack.bmis(order)]
+        assert len(held) == 1
+        api.armed = True
+        await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
+
+        async def terminated_and_looked_at_again() -> bool:
+            return api.terminated and running.controller.stats.reconciles >= reconciles + 3
+
+        reconciles = running.controller.stats.reconciles
+        await eventually(terminated_and_looked_at_again, "the run terminated and 3 more reconciles")
+        assert await workflow_state(stack, order) == WorkflowState.TERMINATED, "a new run was started"
+        assert await run_id(stack, order) == original_run
+        stopped = await wait_condition(stack, order, "WorkersWorkflowStopped", "True")
+        assert stopped["reason"] == WorkflowState.TERMINATED.value
+        assert [bmi["id"] for bmi in await stack.bmis(order)] == held
+        await release_hosts(stack, order)
+
+
+async def test_a_change_no_worker_takes_does_not_hold_the_other_orders_back(stack: Stack) -> None:
+    """No worker polls the controller's task queue: a new order's update-with-start would wait for
+    good in the only reconcile slot. It gives up after its timeout (a failed, counted reconcile,
+    retried), so the next order is still looked at and its bad input said on it."""
+    unpolled = WorkersApi(
+        stack.client,
+        task_queue=f"unpolled-{uuid.uuid4().hex[:8]}",
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=stack.api.policy,
+    )
+    async with controller(stack, api=unpolled, concurrency=1, apply_timeout_seconds=3.0) as running:
+        waiting = await create_order(stack, bare_metal(bm_standard=1))
+
+        async def started() -> bool:
+            return await workflow_state(stack, waiting) == WorkflowState.RUNNING
+
+        await eventually(started, f"the workflow of {waiting.key} started, with no worker to take it")
+        invalid = await create_order(stack, bare_metal(bm_nope=1))
+        refused = await wait_condition(stack, invalid, "NodeRequestsValid", "False")
+        assert "'bm-nope'" in refused["message"]
+        assert running.controller.stats.errors >= 1
+    await stack.client.get_workflow_handle(cluster_workflow_id(waiting)).terminate(reason="test: no worker")
+    for order in (waiting, invalid):
+        await patch_order(stack, order, {"metadata": {"finalizers": []}})
+        await delete_order(stack, order)
 
 
 async def test_a_resync_heals_drift_back_to_a_state_seen_earlier_in_the_generation(stack: Stack) -> None:

@@ -20,12 +20,11 @@ from activities.hub import order_facts
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
-from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem
+from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem, same_node_sets
 from starter import schemas
 from starter.api import StatusUnanswered, WorkersApi, WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
 from starter.controller import WorkQueue, apply_id
-from starter.validation import same_node_sets
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
 TYPES = ["bm-gpu", "bm-standard"]
@@ -64,6 +63,7 @@ def workflow_verdict(
         _instance_types=set(instance_types),
         _node_sets={"bm-standard": ns("bm-standard", current)},
         _next_index=current,
+        _order_generation=None,
         _input=SimpleNamespace(max_workers_per_order=maximum, scale_down_guard=ScaleDownGuard(), order=order),
     )
     command = SetNodeSets.model_construct(node_sets=node_sets, confirm_scale_down=confirm)

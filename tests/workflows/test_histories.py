@@ -295,8 +295,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     while its host's Agent was registered but not handed over (recorded on 8bb6bc5; the release now
     sweeps the host's registrations again after the wipe); an order whose Ready worker was cancelled
     from outside (recorded on d932d1a with the replacement as it was: once the release ended; it now
-    starts at the first leaving report). Without their patch guards, the last five fail to
-    replay."""
+    starts at the first leaving report); an order whose new security groups BMaaS refused once
+    (recorded on b0a79fd, where that refusal counted as done; they are now shown and put again).
+    Without their patch guards, the last six fail to replay."""
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)

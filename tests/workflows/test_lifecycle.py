@@ -20,7 +20,13 @@ from contracts.bmaas import BmiState, OrderInstances, WorkerInstance
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
-from contracts.workflows import NodeSetRequest, ScaleDownWorker, cluster_workflow_id, worker_workflow_id
+from contracts.workflows import (
+    NodeSetRequest,
+    OrderConditionType,
+    ScaleDownWorker,
+    cluster_workflow_id,
+    worker_workflow_id,
+)
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
 from tests.workflows.stack import (
     AGENT_API,
@@ -147,6 +153,42 @@ async def test_mass_scale_down_needs_confirmation_and_bad_counts_are_rejected(st
     ):
         await stack.api.decommission(order)
     assert await stack.bmis(order) == []
+
+
+async def test_a_change_decided_on_an_older_state_is_refused_not_applied_over_a_newer_one(
+    stack: Stack,
+) -> None:
+    """Two controllers (a rolling update): the one that read the older generation, or saw node sets
+    that changed since, must not set the workflow back. Refused as ChangedMeanwhile (look again),
+    never as the tenant's bad input."""
+    from starter.api import ChangedMeanwhile
+
+    def standard(count: int) -> list[NodeSetRequest]:
+        return [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=count)]
+
+    order = await stack.create_order({"bm-standard": 0})
+    await stack.api.apply(order, standard(0), instance_types=INSTANCE_TYPES, order_generation=4)
+    await stack.api.apply(order, standard(2), instance_types=INSTANCE_TYPES, order_generation=5)
+    with pytest.raises(ChangedMeanwhile, match=r"order_generation: 4 is older than generation 5"):
+        await stack.api.apply(order, standard(1), instance_types=INSTANCE_TYPES, order_generation=4)
+    with pytest.raises(ChangedMeanwhile, match=r"expected_node_sets: the node sets changed"):
+        await stack.api.apply(
+            order,
+            standard(1),
+            instance_types=INSTANCE_TYPES,
+            order_generation=6,
+            expected_node_sets=standard(0),
+        )
+    status = await stack.api.status(order)
+    assert (status.desired_workers, status.order_generation) == (2, 5)
+    # Decided on what the workflow has: applied, as is a change with no expectation (a library caller).
+    await stack.api.apply(
+        order, standard(1), instance_types=INSTANCE_TYPES, order_generation=6, expected_node_sets=standard(2)
+    )
+    await stack.apply(order, {"bm-standard": 0})
+    status = await stack.api.status(order)
+    assert (status.desired_workers, status.order_generation) == (0, 6)
+    await stack.decommission_and_wait(order)
 
 
 async def test_a_late_copy_of_a_report_never_undoes_a_newer_one(stack: Stack) -> None:
@@ -647,6 +689,46 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
     cluster = next(h for h in histories if h.workflow_id == cluster_workflow_id(order))
     assert BmaasActivity.APPLY_SECURITY_GROUPS in scheduled_activities(cluster.events)
     await replay_clean(histories)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+
+
+async def test_security_groups_bmaas_refuses_are_shown_and_put_again_until_done(stack: Stack) -> None:
+    """BMaaS refuses the PATCH that moves a host to the order's new security groups (a 403: a token
+    mid-rotation, a group not there yet). The order says so, and the groups are put again every
+    `prerequisite_recheck` until BMaaS takes them; then the order says they are applied."""
+    api = stack.with_policy(prerequisite_recheck=timedelta(seconds=1))
+    order = await stack.create_order(
+        {"bm-standard": 1}, network={"subnetRef": "subnet-a", "securityGroupRefs": ["sg-open"]}
+    )
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await stack.wait_ready(order, 1)
+    await stack.set_bmaas_faults(
+        routes={"PATCH /api/private/v1/baremetal_instances/{id}": {"error_rate": 1.0, "error_code": 7}}
+    )
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": ["sg-tight"]}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+    await stack.apply(order, {"bm-standard": 1}, api)
+
+    async def groups_condition(status: str) -> bool:
+        conditions = {c.type: c for c in (await stack.api.status(order)).conditions}
+        shown = conditions.get(OrderConditionType.SECURITY_GROUPS_APPLIED.value)
+        return shown is not None and shown.status == status
+
+    await eventually(lambda: groups_condition("False"), "the refused security groups shown on the order")
+    assert set(map(tuple, (await stack.security_groups(order)).values())) == {("sg-open",)}
+    await stack.clear_bmaas_faults()
+
+    async def tight() -> bool:
+        return set(map(tuple, (await stack.security_groups(order)).values())) == {("sg-tight",)}
+
+    await eventually(tight, "the host in the new security groups once BMaaS takes them")
+    await eventually(lambda: groups_condition("True"), "the order saying the groups are applied")
+    await replay_clean(await stack.histories(order))
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
 
