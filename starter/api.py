@@ -237,6 +237,16 @@ class WorkersApi:
                 raise OrderNotFound(f"order {order.key}: no workers workflow exists for it") from err
             raise
 
+    async def live_status(self, order: OrderRef) -> ClusterWorkersStatus:
+        """`status`, for a follower: a latest run stopped abnormally is a CommandError naming its
+        state (its last status, answered by replay, would read as still under way for ever)."""
+        state = await self.workflow_state(order)
+        if state == WorkflowState.ABSENT:
+            raise OrderNotFound(f"order {order.key}: no workers workflow exists for it")
+        if state.closed_abnormally:
+            raise CommandError(stopped_run_text(order, state))
+        return await self.status(order)
+
     async def _query_status(
         self,
         handle: WorkflowHandle[Any, Any],
@@ -300,6 +310,9 @@ class WorkersApi:
             described = (await handle.describe()).status
             if described == WorkflowExecutionStatus.COMPLETED:
                 return await handle.result(follow_runs=False)
+            if _state_of(described).closed_abnormally:
+                # Its last status would read as still under way, for as long as anyone follows it.
+                raise CommandError(stopped_run_text(order, _state_of(described)))
             if described != WorkflowExecutionStatus.CONTINUED_AS_NEW:
                 return await self._query_status(handle, order, state=_state_of(described))  # this run's
             async for event in handle.fetch_history_events(

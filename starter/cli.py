@@ -49,6 +49,7 @@ from worker.cli import QUIET_LOGGERS, codec_app, worker_command
 from worker.codec import CodecConfigError
 from worker.health import serve_health
 from worker.main import install_stop_signals
+from worker.rotation import ROTATED_EXIT_CODE, read_once, stop_when_rotated
 from worker.settings import ConfigError
 from worker.telemetry import setup_telemetry
 
@@ -96,6 +97,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USAGE = 2
     UNREACHABLE = 3
+    RESTART_FOR_ROTATED_TLS = ROTATED_EXIT_CODE  # the long-running processes: start me again
 
 
 class OutputFormat(StrEnum):
@@ -268,7 +270,7 @@ def watch(
         settings, starter = load_configuration()
         client = await connect_temporal()
         api = workers_api(client, settings, starter)
-        return await _follow(api.status, ref, timeout or None)
+        return await _follow(api.live_status, ref, timeout or None)
 
     final = run(main())
     if final is None:
@@ -331,9 +333,16 @@ def controller(
             )
             stop = asyncio.Event()
             install_stop_signals(stop)
-            # Live while the loop answers at all; ready once the ClusterOrders are listed.
-            async with serve_health(settings.health_bind, lambda: True, lambda: loop.synced):
-                await loop.run(stop)
+            rotated = asyncio.ensure_future(stop_when_rotated(read_once(settings), stop))
+            try:
+                # Live while the loop answers at all; ready once the ClusterOrders are listed.
+                async with serve_health(settings.health_bind, lambda: True, lambda: loop.synced):
+                    await loop.run(stop)
+            finally:
+                stop.set()
+                changed = await rotated
+            if changed is not None:
+                raise typer.Exit(ExitCode.RESTART_FOR_ROTATED_TLS)
         finally:
             await bmaas.aclose()
             await kube.close()

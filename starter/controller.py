@@ -75,7 +75,6 @@ from contracts.workflows import (
     cluster_workflow_id,
     node_set_problem,
     same_node_sets,
-    workers_removed,
 )
 from starter.api import ChangedMeanwhile, CommandError, WorkersApi, WorkflowState
 from starter.orders import (
@@ -395,9 +394,11 @@ class ClusterOrderController:
             await self._refuse_name(OrderRef.model_construct(namespace=namespace, name=name), obj)
             return None  # nothing to retry: only a new order (names are immutable) can change it
         facts = order_facts(ref, obj)
-        if facts.unmanaged:
-            return None
         managed = FINALIZER in finalizers(obj)
+        if facts.unmanaged:
+            if facts.deleting and managed:
+                return await self._finalize_unmanaged(key, ref)
+            return None
         if facts.deleting:
             if managed:
                 return await self._finalize(key, ref)
@@ -516,10 +517,11 @@ class ClusterOrderController:
             log.warning("%s; looking again", err)
             return 0.0
         self._count("applies")
-        if confirm and observed is not None and workers_removed(observed, desired) > 0:
-            # A confirmation covers the scale-down it was given for: left on the order, it would
-            # wave every later mistyped count through the guard. (Not done, a crash or a refused
-            # write: the next look finds it applied but not yet accepted, below.)
+        if confirm:
+            # A confirmation covers the change it came with, whatever it was (a scale-up, a new
+            # order): left on the order, it would wave every later mistyped count through the
+            # guard. (Not done, a crash or a refused write: the next look finds it applied but not
+            # yet accepted, below.)
             await self._orders.remove_confirmation(ref, generation(obj))
         # The order may have been deleted meanwhile, and another controller may have looked before
         # this start landed (no workflow yet, no BMI yet) and removed our finalizer, or be about to:
@@ -693,6 +695,20 @@ class ClusterOrderController:
         self._count("finalized")
         log.info("order %s: workers decommissioned; finalizer removed", ref.key)
         return None
+
+    async def _finalize_unmanaged(self, key: str, ref: OrderRef) -> float | None:
+        """An order an operator took over (annotated unmanaged) and the tenant deleted still carries
+        our finalizer: it goes as a managed order's does, once nothing of ours holds a host for it.
+        A workflow still running for it is the operator's to decommission, not ours."""
+        if await self._api.workflow_state(ref) == WorkflowState.RUNNING:
+            log.warning(
+                "order %s: deleted while unmanaged and its workers workflow still runs; the finalizer"
+                " stays until it is decommissioned (`osac-workers decommission %s`)",
+                ref.key,
+                ref.key,
+            )
+            return self._decommission_poll
+        return await self._finalize(key, ref)
 
     async def _stopped_run_may_hold_hosts(self, ref: OrderRef, obj: KubeObject, state: WorkflowState) -> bool:
         """Whether an order with no running workflow (absent or completed) must wait for an operator

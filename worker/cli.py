@@ -14,6 +14,7 @@ from worker.codec import CodecConfigError, codec_from_env, data_converter, gener
 from worker.codec_server import DEFAULT_UI_ORIGIN, AuthFile, create_codec_app, is_loopback
 from worker.health import split_bind
 from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
+from worker.rotation import ROTATED_EXIT_CODE, read_once, stop_when_rotated
 from worker.settings import CodecSettings, ConfigError, Settings, env_variable, load_settings
 from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect_patiently
@@ -73,7 +74,14 @@ def worker_command(
             raise typer.Exit(3) from err
         stop = asyncio.Event()
         install_stop_signals(stop)
-        await run_worker(client, settings, stop)
+        rotated = asyncio.ensure_future(stop_when_rotated(read_once(settings), stop))
+        try:
+            await run_worker(client, settings, stop)
+        finally:
+            stop.set()
+            changed = await rotated
+        if changed is not None:
+            raise typer.Exit(ROTATED_EXIT_CODE)
 
     try:
         asyncio.run(main())

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.envconfig import ClientConfigProfile
+from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS
 
 from worker.codec import data_converter_from_env
 from worker.telemetry import Telemetry, process_telemetry
@@ -60,3 +61,13 @@ async def connect_patiently(retry_for: float, **kwargs: Any) -> Client:
             log.warning("Temporal is not reachable yet (%s); retrying in %.1fs", err, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+def tls_files() -> list[Path]:
+    """The files the connection's TLS material comes from (envconfig), read once at connect: a
+    rotation needs a restart (`worker.rotation`)."""
+    tls = ClientConfigProfile.load().tls
+    if not isinstance(tls, ClientConfigTLS):
+        return []
+    sources = (tls.server_root_ca_cert, tls.client_cert, tls.client_private_key)
+    return [source for source in sources if isinstance(source, Path)]

@@ -190,7 +190,15 @@ async def test_commands_on_an_order_whose_workflow_was_stopped_say_so_and_change
             return False  # not answered yet
 
     await eventually(started, "the controller to start the order's workflow")
+    run = await stack.api.run_id(order)
     await stack.api.handle(order).terminate(reason="test")
+    # Followers stop at once and say why: its last status (0 of 0 Ready) reads as settled, and a
+    # decommission's as still under way for as long as anyone waits.
+    watched = await cli(env, "watch", order.key, "--timeout", "60")
+    assert watched.returncode == 1, (watched.stdout, watched.stderr)
+    assert f"the workers workflow of order {order.key} is Terminated" in " ".join(watched.stderr.split())
+    with pytest.raises(CommandError, match="is Terminated"):
+        await stack.api.run_status(order, run)  # `decommission --wait`
     scaled = await cli(env, "scale", order.key, "--node-set", "bm-standard", "--count", "1")
     assert scaled.returncode == 1, scaled.stderr
     assert f"the workers workflow of order {order.key} is Terminated: it takes no change" in " ".join(

@@ -124,6 +124,31 @@ async def test_unmanaged_orders_are_left_alone(stack: Stack, ctl: RunningControl
     await wait_ready(stack, managed, 2)
 
 
+async def test_an_order_taken_over_and_decommissioned_by_an_operator_can_be_deleted(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """The path `decommission` points operators to: annotate the order unmanaged, decommission it
+    by hand. Deleted later, it still carries our finalizer: removed once nothing of ours holds a
+    host for it (a workflow still running for it is the operator's, and keeps it), as for a
+    managed order."""
+    order = await create_order(stack, bare_metal(bm_standard=1))
+    await wait_ready(stack, order, 1)
+    await patch_order(stack, order, {"metadata": {"annotations": UNMANAGED}})
+    await delete_order(stack, order)
+    poked = await patch_order(stack, order, {"metadata": {"annotations": {"example.com/poke": "1"}}})
+
+    async def looked_at() -> bool:
+        return ctl.controller.observed.get(order.key) == poked["metadata"]["resourceVersion"]
+
+    await eventually(looked_at, f"the controller to have looked at the deleting {order.key}")
+    assert FINALIZER in finalizers(await get_order(stack, order)), "removed while its workflow runs"
+    assert await workflow_state(stack, order) == WorkflowState.RUNNING, "decommissioned though unmanaged"
+
+    await stack.api.decommission(order)
+    await eventually(lambda: _absent(stack, order), f"{order.key} finalized once decommissioned", timeout=120)
+    assert await stack.bmis(order) == []
+
+
 async def test_orders_without_bare_metal_requests_are_ignored(stack: Stack, ctl: RunningController) -> None:
     order = await create_order(stack, [{"numberOfNodes": 2, "resourceClass": "vm-small"}])
     await wait_observed(stack, ctl, order)
@@ -306,6 +331,34 @@ async def test_a_mass_scale_down_waits_for_the_confirmation_annotation(
     await patch_order(stack, order, {"metadata": {"annotations": {CONFIRM: "true"}}})
     await eventually(lambda: _counts(stack, order, 0), "the confirmed scale-down applied")
     await eventually(lambda: _no_workers(stack, order), "the workers released")  # their hosts free
+
+
+async def test_a_confirmation_that_came_with_a_new_order_or_a_scale_up_is_used_up_by_it(
+    stack: Stack, ctl: RunningController
+) -> None:
+    """A confirmation confirms the change it came with, whatever it was: left on the order, it would
+    wave a mistyped count weeks later through the guard."""
+    order = await create_order(stack, bare_metal(bm_standard=1), annotations={CONFIRM: "true"})
+
+    async def consumed() -> bool:
+        obj = await get_order(stack, order)
+        return obj is not None and CONFIRM not in (obj["metadata"].get("annotations") or {})
+
+    await eventually(consumed, "the confirmation that came with the new order removed")
+    await wait_ready(stack, order, 1)
+    await patch_order(
+        stack,
+        order,
+        {"metadata": {"annotations": {CONFIRM: "true"}}, "spec": {"nodeRequests": bare_metal(bm_standard=4)}},
+    )
+    await eventually(consumed, "the confirmation that came with the scale-up removed")
+    await eventually(lambda: _counts(stack, order, 4), "the scale-up applied")
+    await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=0)}})
+    refused = await wait_condition(stack, order, "NodeRequestsValid", "False")
+    assert "lowering the order from 4 to 0 workers" in refused["message"]
+    assert (await stack.api.status(order)).desired_workers == 4
+    await delete_order(stack, order)
+    await eventually(lambda: _absent(stack, order), f"{order.key} finalized", timeout=180)
 
 
 async def _no_workers(stack: Stack, order: OrderRef) -> bool:

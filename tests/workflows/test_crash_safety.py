@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
+import certifi
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
@@ -45,7 +46,9 @@ async def stack(
 
 
 @contextmanager
-def worker_process(stack: Stack, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    stack: Stack, log: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     s = stack.settings
     env = {
         **os.environ,
@@ -59,6 +62,7 @@ def worker_process(stack: Stack, log: Path) -> Iterator[subprocess.Popen[bytes]]
         "OSAC_GRACEFUL_SHUTDOWN_SECONDS": "1",
         # A task that reaches a killed worker's sticky queue waits this long for it (see Settings).
         "OSAC_STICKY_QUEUE_TIMEOUT_SECONDS": "5",
+        **(extra_env or {}),
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -151,3 +155,37 @@ async def test_worker_killed_mid_provisioning_and_mid_deprovisioning(stack: Stac
     logged = log.read_text(errors="replace")
     for secret in ("api_key=", "PULL_SECRET_TOKEN", stack.fulfillment.admin_token, stack.lab.hub.token):
         assert secret not in logged
+
+
+def _write_bundle(path: Path, extra: str = "") -> None:
+    path.write_text(Path(certifi.where()).read_text() + extra)
+
+
+async def test_a_rotated_ca_bundle_restarts_the_worker_after_a_graceful_stop(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """TLS material read only at start (the BMaaS CA bundle here; Temporal's mTLS files the same
+    way): once the file changes the worker drains and exits with ROTATED_EXIT_CODE, for its
+    supervisor to start it again with the new material."""
+    from worker.rotation import ROTATED_EXIT_CODE
+
+    bundle = tmp_path / "ca.pem"
+    _write_bundle(bundle)
+    log = tmp_path / "worker.log"
+    with worker_process(stack, log, {"OSAC_FULFILLMENT_CA_FILE": str(bundle)}) as worker:
+
+        async def running() -> bool:
+            assert worker.poll() is None, log.read_text()
+            return "worker running on task queues" in log.read_text()
+
+        await eventually(running, "the worker running", timeout=120)
+        _write_bundle(bundle, "\n")  # cert-manager renewed it
+
+        async def exited() -> bool:
+            return worker.poll() is not None
+
+        await eventually(exited, "the worker stopped for the rotated bundle", timeout=120)
+        assert worker.returncode == ROTATED_EXIT_CODE, log.read_text()
+        text = log.read_text()
+        assert "ca.pem changed (a rotated certificate or key)" in text
+        assert "stopping: finishing in-flight work" in text
