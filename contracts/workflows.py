@@ -70,19 +70,14 @@ def same_node_sets(a: Iterable[NodeSetRequest], b: Iterable[NodeSetRequest]) -> 
     return key(a) == key(b)
 
 
-# The ApplicationError type of a set_node_sets refused because the order moved on since its caller
-# looked (an older generation, other node sets): not the tenant's bad input; look again.
+# The ApplicationError type of a set_node_sets refused because the workflow's node sets changed since
+# its caller looked: not the tenant's bad input; look again.
 NODE_SETS_SUPERSEDED = "NodeSetsSuperseded"
 
 
-def change_superseded(
-    command: SetNodeSets, applied_generation: int | None, node_sets: Iterable[NodeSetRequest]
-) -> str | None:
-    """Why a change decided on an older state of the order must not be applied over the workflow's
-    newer one (`applied_generation`, `node_sets`); None when it may."""
-    sent = command.order_generation
-    if sent is not None and applied_generation is not None and sent < applied_generation:
-        return f"order_generation: {sent} is older than generation {applied_generation}, already applied"
+def change_superseded(command: SetNodeSets, node_sets: Iterable[NodeSetRequest]) -> str | None:
+    """Why a change decided on node sets the workflow no longer has must not be applied over them;
+    None when it may. (Not the generation: an order restored from a backup counts from 1 again.)"""
     expected = command.expected_node_sets
     if expected is not None and not same_node_sets(expected, node_sets):
         return "expected_node_sets: the node sets changed since the caller looked"

@@ -4,7 +4,9 @@ Wire contract (what a Go caller needs; JSON Schemas of every payload are in `sch
 - workflow `ClusterWorkersWorkflow`, id `cluster-workers/<namespace>/<order>`, task queue
   `osac-workers`; input `ClusterWorkersInput`.
 - update `set_node_sets(SetNodeSets) -> ClusterWorkersStatus` (sent with update-with-start,
-  conflict policy USE_EXISTING), update `decommission() -> ClusterWorkersStatus`, update
+  conflict policy USE_EXISTING, reuse policy REJECT_DUPLICATE unless starting afresh after a
+  completed run; `expected_node_sets` refused as `NodeSetsSuperseded` when the node sets changed),
+  update `decommission() -> ClusterWorkersStatus`, update
   `release_worker(ScaleDownWorker) -> ReleasedWorker` (refused for an unknown or departing worker;
   the signal `scale_down_worker(ScaleDownWorker)` does the same without an answer), query
   `status() -> ClusterWorkersStatus`.

@@ -49,7 +49,7 @@ from worker.cli import QUIET_LOGGERS, codec_app, worker_command
 from worker.codec import CodecConfigError
 from worker.health import serve_health
 from worker.main import install_stop_signals
-from worker.rotation import ROTATED_EXIT_CODE, read_once, stop_when_rotated
+from worker.rotation import ROTATED_EXIT_CODE, read_once, run_until_rotated, stamps
 from worker.settings import ConfigError
 from worker.telemetry import setup_telemetry
 
@@ -316,6 +316,7 @@ def controller(
         raise fail(f"cannot start telemetry: {err}", ExitCode.USAGE) from None
 
     async def main() -> None:
+        tls = stamps(read_once(settings))  # before the clients read them
         client = await connect_temporal(settings.temporal_connect_seconds)
         kube = open_hub(settings)
         bmaas = bmaas_client(settings)
@@ -333,15 +334,13 @@ def controller(
             )
             stop = asyncio.Event()
             install_stop_signals(stop)
-            rotated = asyncio.ensure_future(stop_when_rotated(read_once(settings), stop))
-            try:
+
+            async def serve() -> None:
                 # Live while the loop answers at all; ready once the ClusterOrders are listed.
                 async with serve_health(settings.health_bind, lambda: True, lambda: loop.synced):
                     await loop.run(stop)
-            finally:
-                stop.set()
-                changed = await rotated
-            if changed is not None:
+
+            if await run_until_rotated(tls, stop, serve):
                 raise typer.Exit(ExitCode.RESTART_FOR_ROTATED_TLS)
         finally:
             await bmaas.aclose()

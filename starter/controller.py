@@ -65,7 +65,7 @@ from pydantic import ValidationError
 from temporalio.common import MetricCounter, MetricMeter
 
 from activities.bmaas.activities import order_snapshots
-from activities.bmaas.client import BmaasClient
+from activities.bmaas.client import BmaasClient, invisible_objects_error
 from activities.hub import order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube, KubeObject, meta
 from contracts.hub import ConditionStatus, OrderFacts
@@ -76,7 +76,7 @@ from contracts.workflows import (
     node_set_problem,
     same_node_sets,
 )
-from starter.api import ChangedMeanwhile, CommandError, WorkersApi, WorkflowState
+from starter.api import CommandError, WorkersApi, WorkflowState
 from starter.orders import (
     FINALIZER,
     ConditionReason,
@@ -500,6 +500,8 @@ class ClusterOrderController:
         closed_run = latest.run_id if state == WorkflowState.COMPLETED else None
         update_id = apply_id(facts.uid, generation(obj), desired, observed, state, confirm, closed_run)
         after_completed = closed_run is not None
+        # ChangedMeanwhile (the run stopped, or its node sets changed, since the look above) fails
+        # this reconcile: it is looked at again after the error backoff, never in a hot loop.
         try:
             await self._apply(ref, desired, update_id, confirm, generation(obj), observed, after_completed)
             # Only a running workflow can have completed this id before.
@@ -512,10 +514,6 @@ class ClusterOrderController:
         except CommandError as err:
             await self._reject(ref, str(err), None, generation(obj))
             return None
-        except ChangedMeanwhile as err:
-            # Stopped (by an operator, say) or changed (another controller) since the look above.
-            log.warning("%s; looking again", err)
-            return 0.0
         self._count("applies")
         if confirm:
             # A confirmation covers the change it came with, whatever it was (a scale-up, a new
@@ -774,8 +772,12 @@ class ClusterOrderController:
             log.info("order %s: decommission already under way (%s)", ref.key, err)
 
     async def _order_bmis(self, ref: OrderRef) -> list[str]:
-        """The BMIs BMaaS lists for the order, any state (DELETING: not wiped yet)."""
-        return sorted(s.name or s.id for s in await order_snapshots(self._bmaas, ref))
+        """The BMIs BMaaS lists for the order, any state (DELETING: not wiped yet). None listed by
+        a token that cannot see CaaS's objects proves nothing: an error, not an empty list."""
+        names = sorted(s.name or s.id for s in await order_snapshots(self._bmaas, ref))
+        if not names and not await self._bmaas.sees_system_objects():
+            raise invisible_objects_error(f"list the BMIs of order {ref.key}", self._bmaas.visibility_canary)
+        return names
 
     def _await_finished(self, key: str, ref: OrderRef) -> None:
         """Look at the key again the moment its workflow completes (the poll is only a fallback)."""

@@ -16,6 +16,7 @@ from starter.config import StarterSettings
 from starter.operations import OrderOperations
 from starter.orders import HubOrders
 from starter.validation import InstanceTypeCatalog
+from worker.main import bmaas_client
 from worker.settings import ConfigError, Settings, load_settings
 from worker.temporal_client import connect_patiently
 
@@ -72,12 +73,6 @@ def workers_api(client: Client, settings: Settings, starter: StarterSettings) ->
         bmaas_task_queue=settings.bmaas_task_queue,
         policy=starter.policy(),
         max_workers_per_order=starter.max_workers_per_order,
-    )
-
-
-def bmaas_client(settings: Settings) -> BmaasClient:
-    return BmaasClient(
-        settings.fulfillment_url, settings.fulfillment_token_file, ca_bundle=settings.fulfillment_ca_file
     )
 
 

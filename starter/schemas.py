@@ -39,7 +39,11 @@ WORKFLOWS: dict[type, dict[str, str]] = {
     ClusterWorkersWorkflow: {
         "id": "cluster-workers/{namespace}/{order}",
         "task_queue": WORKFLOW_TASK_QUEUE,
-        "start": "update-with-start of set_node_sets, workflow id conflict policy USE_EXISTING",
+        "start": (
+            "update-with-start of set_node_sets, workflow id conflict policy USE_EXISTING, reuse policy"
+            " REJECT_DUPLICATE (ALLOW_DUPLICATE only to start afresh after a completed run);"
+            " expected_node_sets refused as NodeSetsSuperseded when the node sets changed"
+        ),
     },
     WorkerNodeWorkflow: {
         "id": "worker/{namespace}/{order}/{order}-worker-{index}",

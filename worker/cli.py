@@ -14,7 +14,7 @@ from worker.codec import CodecConfigError, codec_from_env, data_converter, gener
 from worker.codec_server import DEFAULT_UI_ORIGIN, AuthFile, create_codec_app, is_loopback
 from worker.health import split_bind
 from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
-from worker.rotation import ROTATED_EXIT_CODE, read_once, stop_when_rotated
+from worker.rotation import ROTATED_EXIT_CODE, read_once, run_until_rotated, stamps
 from worker.settings import CodecSettings, ConfigError, Settings, env_variable, load_settings
 from worker.telemetry import setup_telemetry
 from worker.temporal_client import connect_patiently
@@ -60,6 +60,7 @@ def worker_command(
         raise typer.Exit(2) from err
 
     async def main() -> None:
+        tls = stamps(read_once(settings))  # before the connection reads them
         try:
             client = await connect_patiently(
                 settings.temporal_connect_seconds, data_converter=data_converter(codec)
@@ -74,13 +75,7 @@ def worker_command(
             raise typer.Exit(3) from err
         stop = asyncio.Event()
         install_stop_signals(stop)
-        rotated = asyncio.ensure_future(stop_when_rotated(read_once(settings), stop))
-        try:
-            await run_worker(client, settings, stop)
-        finally:
-            stop.set()
-            changed = await rotated
-        if changed is not None:
+        if await run_until_rotated(tls, stop, lambda: run_worker(client, settings, stop)):
             raise typer.Exit(ROTATED_EXIT_CODE)
 
     try:

@@ -34,7 +34,7 @@ from activities.kube import HubKube
 from activities.reporting import use_batch_window
 from activities.workflows import WorkflowActivities
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.bmaas import BmaasErrorType
+from contracts.bmaas import CAAS_CATALOG_ITEM, BmaasErrorType
 from worker.compiled_code import compile_once
 from worker.health import serve_health
 from worker.settings import Settings, WorkerRole
@@ -93,25 +93,32 @@ def hub_kube(settings: Settings) -> HubKube:
     )
 
 
-@contextlib.asynccontextmanager
-async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
-    kube = hub_kube(settings)
-    bmaas_client = BmaasClient(
+def bmaas_client(settings: Settings) -> BmaasClient:
+    """The BMaaS client of the worker and the controller: a NotFound counts as gone only while the
+    token sees OSAC's system-owned catalog item (see BmaasClient's visibility_canary)."""
+    return BmaasClient(
         settings.fulfillment_url,
         settings.fulfillment_token_file,
         ca_bundle=settings.fulfillment_ca_file,
+        visibility_canary=CAAS_CATALOG_ITEM,
     )
-    watcher = BmiWatcher(bmaas_client)
+
+
+@contextlib.asynccontextmanager
+async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
+    kube = hub_kube(settings)
+    bmaas = bmaas_client(settings)
+    watcher = BmiWatcher(bmaas)
     if settings.role != WorkerRole.WORKFLOWS:  # no BMaaS activity runs in a workflow process
         watcher.start()
     ignition_http = httpx.AsyncClient(timeout=30.0)
     assisted = AssistedActivities(kube, ignition_http)
     backends = Backends(
-        bmaas_client=bmaas_client,
+        bmaas_client=bmaas,
         bmi_watcher=watcher,
         kube=kube,
         ignition_http=ignition_http,
-        bmaas=BmaasActivities(bmaas_client, watcher, assisted),
+        bmaas=BmaasActivities(bmaas, watcher, assisted),
         assisted=assisted,
         hub=HubActivities(kube),
         workflows=WorkflowActivities(),
@@ -140,6 +147,19 @@ async def check_credentials(backends: Backends, settings: Settings) -> None:
                 f" ({err.http_status} {err.error_type.value})"
             ) from None
         log.warning("BMaaS is not answering at start (%s); activities will retry", err.error_type.value)
+        return
+    try:
+        visible = await backends.bmaas_client.sees_system_objects()
+    except BmaasApiError as err:
+        log.warning("BMaaS is not answering at start (%s); activities will retry", err.error_type.value)
+        return
+    if not visible:
+        raise BackendRejectedCredentials(
+            f"the token read from OSAC_FULFILLMENT_TOKEN_FILE={settings.fulfillment_token_file} does"
+            f" not see the system-owned catalog item {CAAS_CATALOG_ITEM!r} at {settings.fulfillment_url}:"
+            " it needs the private API's admin identity (an object it cannot see would look deleted,"
+            " and its host wiped); or the installer did not seed the item"
+        )
 
 
 def check_registered_activities(backends: Backends) -> None:

@@ -5,17 +5,18 @@ bytes), and the BMaaS client builds its SSL context once. When cert-manager rene
 Secret, the process would keep the old certificate until it expires, and then fail every reconnect
 while its probes stay green (the SDK retries an unavailable server for ever). Watching the files and
 stopping gracefully when one changes lets the supervisor (Kubernetes) start the process again, with
-the new material: the in-flight work drains as for a SIGTERM.
+the new material: the in-flight work drains as for a SIGTERM. Every replica watches the same Secret,
+so they restart within one kubelet sync of each other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
+from activities.file_stamp import FileStamp, file_stamp
 from worker.settings import Settings
 from worker.temporal_client import tls_files
 
@@ -25,17 +26,7 @@ log = logging.getLogger(__name__)
 ROTATED_EXIT_CODE = 4
 POLL_SECONDS = 10.0
 
-Signature = tuple[int, int, int, int] | None
-
-
-def signature(path: Path) -> Signature:
-    """What changes when the file is replaced or rewritten (kubelet swaps a symlink: the target's
-    inode changes); None while it cannot be read."""
-    try:
-        st = os.stat(path)  # follows the Secret volume's ..data symlinks
-    except OSError:
-        return None
-    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+Stamps = Mapping[Path, FileStamp | None]
 
 
 def read_once(settings: Settings) -> list[Path]:
@@ -45,24 +36,37 @@ def read_once(settings: Settings) -> list[Path]:
     return [*tls_files(), *ca]
 
 
-async def wait_until_changed(paths: Sequence[Path], poll_seconds: float = POLL_SECONDS) -> Path:
-    """Return the first of `paths` whose file changed since this call began."""
-    seen = {path: signature(path) for path in paths}
+def stamps(paths: list[Path]) -> dict[Path, FileStamp | None]:
+    """The files as they are now (None: cannot be looked at). Taken before the process reads them,
+    so a rotation in between is seen too."""
+
+    def stamp(path: Path) -> FileStamp | None:
+        try:
+            return file_stamp(path)  # follows the Secret volume's ..data symlinks
+        except OSError:
+            return None
+
+    return {path: stamp(path) for path in paths}
+
+
+async def wait_until_changed(seen: Stamps, poll_seconds: float = POLL_SECONDS) -> Path:
+    """Return the first file whose stamp differs from `seen`."""
     while True:
-        await asyncio.sleep(poll_seconds)
+        now = stamps(list(seen))
         for path, before in seen.items():
-            if signature(path) != before:
+            if now[path] != before:
                 return path
+        await asyncio.sleep(poll_seconds)
 
 
 async def stop_when_rotated(
-    paths: Sequence[Path], stop: asyncio.Event, poll_seconds: float = POLL_SECONDS
+    seen: Stamps, stop: asyncio.Event, poll_seconds: float = POLL_SECONDS
 ) -> Path | None:
-    """Set `stop` when one of `paths` changes; the changed file, or None when `stop` came first or
-    there is nothing to watch."""
-    if not paths:
+    """Set `stop` when one of the files changes from `seen`; the changed file, or None when `stop`
+    came first or there is nothing to watch."""
+    if not seen:
         return None
-    changed = asyncio.ensure_future(wait_until_changed(paths, poll_seconds))
+    changed = asyncio.ensure_future(wait_until_changed(seen, poll_seconds))
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({changed, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -81,3 +85,14 @@ async def stop_when_rotated(
     )
     stop.set()
     return path
+
+
+async def run_until_rotated(seen: Stamps, stop: asyncio.Event, run: Callable[[], Awaitable[None]]) -> bool:
+    """Run `run` (which returns once `stop` is set); True when it stopped for a rotated file."""
+    rotated = asyncio.ensure_future(stop_when_rotated(seen, stop))
+    try:
+        await run()
+    finally:
+        stop.set()
+        changed = await rotated
+    return changed is not None

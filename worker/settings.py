@@ -119,6 +119,10 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL, e.g. https://fulfillment.example.com")
         if not parts.hostname:
             raise ValueError("the URL has no host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(
+                "credentials do not belong in the URL (the token is OSAC_FULFILLMENT_TOKEN_FILE's)"
+            )
         if parts.query or parts.fragment:
             raise ValueError("the URL must not have a query or a fragment")
         # A path prefix of a proxy in front of BMaaS is fine; the API's own path is not.
@@ -242,8 +246,16 @@ def _problem(cls: type[BaseSettings], error: ErrorDetails) -> str:
     where = env_variable(cls, str(first)) + "".join(f"[{part}]" for part in rest)
     value = error.get("input")
     plain = error["loc"] and isinstance(value, str | int | float) and not _secret(_field_of(cls, str(first)))
-    shown = f" (got {value!r})" if plain else ""
+    shown = f" (got {_without_userinfo(value)!r})" if plain else ""
     return f"{where}: {error['msg']}{shown}"
+
+
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def _without_userinfo(value: object) -> object:
+    """A URL's `user:password@` is never echoed back in an error."""
+    return _USERINFO.sub("***@", value) if isinstance(value, str) else value
 
 
 _SETTINGS_FIELD = re.compile(r'field "([^"]+)"')

@@ -312,7 +312,7 @@ class ClusterWorkersWorkflow:
     def _validate_node_sets(self, command: SetNodeSets) -> None:
         if self._decommissioning:
             raise CommandRejected("set_node_sets: the order is being decommissioned; no further changes")
-        if superseded := change_superseded(command, self._order_generation, self._node_sets.values()):
+        if superseded := change_superseded(command, self._node_sets.values()):
             raise ApplicationError(superseded, type=NODE_SETS_SUPERSEDED, non_retryable=True)
         problem = node_set_problem(
             command.node_sets,
@@ -939,15 +939,15 @@ class ClusterWorkersWorkflow:
                 )
             )
             wanted = self._security_groups_wanted
-            groups = await self._apply_security_groups()
-            if not groups or not workflow.patched(ClusterPatch.SECURITY_GROUPS_ASKED_AGAIN.value):
+            refused = await self._apply_security_groups()
+            if refused is None or not workflow.patched(ClusterPatch.SECURITY_GROUPS_ASKED_AGAIN.value):
                 self._security_groups_applied = wanted
                 continue
             self._set_condition(
                 OrderConditionType.SECURITY_GROUPS_APPLIED,
                 ConditionStatus.FALSE,
                 REQUEST_REFUSED,
-                f"The order's security groups [{', '.join(groups)}] could not be put on all its hosts"
+                f"The order's security groups [{', '.join(refused)}] could not be put on all its hosts"
                 " yet; asked again shortly.",
             )
 
@@ -960,8 +960,9 @@ class ClusterWorkersWorkflow:
                     newer_or_decommissioning, timeout=self._input.policy.prerequisite_recheck
                 )
 
-    async def _apply_security_groups(self) -> list[str]:
-        """The order's security groups BMaaS refused to put its live BMIs in; none once it did."""
+    async def _apply_security_groups(self) -> list[str] | None:
+        """The order's security groups (maybe none) BMaaS refused to put its live BMIs in; None
+        once it did."""
         assert self._facts is not None and self._facts.network_attachment is not None
         groups = self._facts.network_attachment.security_groups
         try:
@@ -985,7 +986,7 @@ class ClusterWorkersWorkflow:
             workflow.logger.info("BMIs %s put in security groups %s", applied.bmi_ids, list(groups))
         if OrderConditionType.SECURITY_GROUPS_APPLIED in self._conditions:  # shown refused before
             self._set_condition(OrderConditionType.SECURITY_GROUPS_APPLIED, ConditionStatus.TRUE, "Applied")
-        return []
+        return None
 
     async def _wait_infraenv_ready(self, infraenv: InfraEnvRef, *, until_edited: bool = False) -> bool:
         """True once the discovery image is ready; False when a decommission (or, `until_edited`, a

@@ -37,6 +37,9 @@ INSTANCE_TYPES = "bare_metal_instance_types"  # sic: this collection is spelled 
 DISK_IMAGES = "disk_images"
 CLUSTER_VERSIONS = "cluster_versions"
 CATALOG_ITEMS = "baremetal_instance_catalog_items"
+# How long a visible canary vouches for the token's view (a rotation to another identity shows
+# within this).
+VISIBILITY_TTL_S = 60.0
 
 # One span per call (no-op unless the process set up tracing); see `_call_span`.
 _tracer = trace.get_tracer("osac.bmaas")
@@ -100,6 +103,11 @@ class BmaasClient:
         read_attempts: tries per idempotent call (GET, DELETE) on 5xx/429/connection errors.
         max_in_flight: requests sent at once; the rest wait their turn (within their budget).
         transport / event_hooks: passed to httpx (tests count requests with them).
+        visibility_canary: a catalog item of tenant `system` this token must see (OSAC's
+            pass-through item). The real server answers an object the caller may not see exactly
+            as one that is gone; with a canary, a by-id NotFound counts only while the canary is
+            visible (`sees_system_objects`), so a mis-scoped or wrongly rotated token never makes
+            an undeleted, unwiped host count as gone. None: every NotFound counts (tests, tools).
     """
 
     def __init__(
@@ -113,8 +121,11 @@ class BmaasClient:
         max_in_flight: int = 32,
         transport: httpx.AsyncBaseTransport | None = None,
         event_hooks: Mapping[str, list[Any]] | None = None,
+        visibility_canary: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.visibility_canary = visibility_canary
+        self._visible_until = 0.0
         self.token = TokenFile(token_file)
         self.timeout = timeout
         self.read_attempts = max(1, read_attempts)
@@ -184,8 +195,34 @@ class BmaasClient:
                     object_id=object_id,
                 )
             except BmaasApiError as err:
+                if (
+                    err.error_type == BmaasErrorType.NOT_FOUND
+                    and object_id is not None
+                    and not await self.sees_system_objects()
+                ):
+                    err = invisible_objects_error(f"{method} {path}", self.visibility_canary)
                 _span_failed(span, err)
-                raise
+                raise err from None
+
+    async def sees_system_objects(self) -> bool:
+        """Whether this token sees CaaS's objects (tenant `system`): the canary catalog item is
+        listed. A yes holds for VISIBILITY_TTL_S; a no is asked again each time. An error asking
+        is raised: nothing is taken for gone on it either."""
+        if self.visibility_canary is None or time.monotonic() < self._visible_until:
+            return True
+        page = await self._request(
+            "GET",
+            f"/{CATALOG_ITEMS}",
+            params={"filter": f"this.metadata.name == '{self.visibility_canary}'", "limit": 1},
+            body=None,
+            idempotent=True,
+            secrets=(),
+            object_id=None,
+        )
+        seen = isinstance(page, dict) and bool(page.get("items"))
+        if seen:
+            self._visible_until = time.monotonic() + VISIBILITY_TTL_S
+        return seen
 
     async def _request(
         self,
@@ -458,3 +495,13 @@ def _as_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+def invisible_objects_error(operation: str, canary: str | None) -> BmaasApiError:
+    """A NotFound (or an empty answer) that cannot be trusted: retried, never taken for gone."""
+    return BmaasApiError(
+        f"{operation}: BMaaS answers as if the objects were gone, but this token does not see the"
+        f" system-owned catalog item {canary!r} either: its identity may not see CaaS's objects (a"
+        " mis-scoped or wrongly rotated OSAC_FULFILLMENT_TOKEN_FILE); not taken for gone, retried",
+        BmaasErrorType.UNAVAILABLE,
+    )

@@ -216,3 +216,28 @@ async def test_full_life_leaks_no_secret(harness: Harness, caplog: pytest.LogCap
     assert harness.heartbeats and harness.results and harness.errors
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert harness.leaked(text) == []
+
+
+async def test_a_token_that_cannot_see_the_canary_stops_the_worker_at_start(harness: Harness) -> None:
+    """Against the twin: its seeded pass-through item is seen, so the worker starts. One the token
+    cannot see (named here as if it were the canary) stops it with a message saying why, before any
+    NotFound could be taken for a host gone."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from worker.main import BackendRejectedCredentials, check_credentials
+    from worker.settings import Settings
+
+    settings = Settings(fulfillment_url=harness.twin.url, fulfillment_token_file=harness.token_file)
+    for canary, sees in (("caas-system-bmi", True), ("no-such-item", False)):
+        client = BmaasClient(harness.twin.url, harness.token_file, visibility_canary=canary)
+        try:
+            assert await client.sees_system_objects() is sees
+            backends = cast(Any, SimpleNamespace(bmaas_client=client))
+            if sees:
+                await check_credentials(backends, settings)
+            else:
+                with pytest.raises(BackendRejectedCredentials, match="does not see the system-owned catalog"):
+                    await check_credentials(backends, settings)
+        finally:
+            await client.aclose()

@@ -255,3 +255,47 @@ def test_a_bmi_belongs_to_the_order_of_its_name_and_namespace() -> None:
     elsewhere = bmi(**{ORDER_LABEL: "o1", ORDER_NAMESPACE_LABEL: "tenant-b"})
     assert not elsewhere.belongs_to(order) and elsewhere.order_key == "tenant-b/o1"
     assert not bmi(**{ORDER_LABEL: "o2", ORDER_NAMESPACE_LABEL: "tenant-a"}).belongs_to(order)
+
+
+async def test_a_not_found_counts_as_gone_only_while_the_token_sees_the_system_canary(tmp_path: Path) -> None:
+    """The real server answers an object the caller may not see exactly as a deleted one. With a
+    canary, a by-id NotFound is taken for gone only while the token sees the system-owned catalog
+    item: a mis-scoped or wrongly rotated token never makes an undeleted, unwiped host count as
+    gone. A canary seen is trusted for a while (one look per minute, not one per NotFound)."""
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + "x" * 30)
+    canary_visible = False
+    looks = 0
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal looks
+        if request.url.path.endswith("/baremetal_instance_catalog_items"):
+            looks += 1
+            assert request.url.params["filter"] == "this.metadata.name == 'caas-system-bmi'"
+            items = [{"id": "c1", "metadata": {"name": "caas-system-bmi", "tenant": "system"}}]
+            return httpx.Response(200, json={"size": 1, "total": 1, "items": items if canary_visible else []})
+        bmi = request.url.path.rsplit("/", 1)[-1]
+        return httpx.Response(404, json={"code": 5, "message": f"object with identifier '{bmi}' not found"})
+
+    transport = httpx.MockTransport(answer)
+    async with BmaasClient(
+        "http://bmaas.test", token, transport=transport, visibility_canary="caas-system-bmi"
+    ) as client:
+        for call in (client.get_instance, client.delete_instance):
+            with pytest.raises(BmaasApiError) as hidden:
+                await call("b1")
+            assert hidden.value.error_type == BmaasErrorType.UNAVAILABLE and not hidden.value.non_retryable
+            assert "does not see the system-owned catalog item 'caas-system-bmi'" in hidden.value.message
+            assert "not taken for gone" in hidden.value.message
+        assert looks == 2  # a canary not seen is looked for again every time
+        canary_visible = True
+        for _ in range(3):
+            with pytest.raises(BmaasApiError) as gone:
+                await client.get_instance("b1")
+            assert gone.value.is_not_found
+        assert looks == 3
+    # Without a canary (tools, tests), a NotFound naming the object is taken as it is.
+    async with BmaasClient("http://bmaas.test", token, transport=transport) as plain:
+        with pytest.raises(BmaasApiError) as gone:
+            await plain.get_instance("b1")
+        assert gone.value.is_not_found and looks == 3

@@ -267,12 +267,16 @@ async def shout(note: str) -> str:
     return note.upper()
 
 
-async def test_encrypted_history_replays_with_the_key(temporal_env: WorkflowEnvironment) -> None:
-    ring = KeyRing.parse(f"k1={_key()}")
-    converter = data_converter(AesGcmCodec(ring))
+def _encrypting_client(temporal_env: WorkflowEnvironment) -> tuple[Client, DataConverter]:
+    """A client of the test server whose payloads (and failures) are encrypted with a fresh key."""
+    converter = data_converter(AesGcmCodec(KeyRing.parse(f"k1={_key()}")))
     config = temporal_env.client.config()
     config["data_converter"] = converter
-    client = Client(**config)
+    return Client(**config), converter
+
+
+async def test_encrypted_history_replays_with_the_key(temporal_env: WorkflowEnvironment) -> None:
+    client, converter = _encrypting_client(temporal_env)
     task_queue = f"codec-{uuid.uuid4().hex[:6]}"
     note = f"tenant-note-{uuid.uuid4().hex}"
     async with Worker(client, task_queue=task_queue, workflows=[EchoWorkflow], activities=[shout]):
@@ -317,10 +321,7 @@ async def shout_refusing(note: str) -> str:
 
 
 async def test_failure_messages_and_stack_traces_are_encrypted(temporal_env: WorkflowEnvironment) -> None:
-    converter = data_converter(AesGcmCodec(KeyRing.parse(f"k1={_key()}")))
-    config = temporal_env.client.config()
-    config["data_converter"] = converter
-    client = Client(**config)
+    client, _ = _encrypting_client(temporal_env)
     task_queue = f"codec-{uuid.uuid4().hex[:6]}"
     note = f"tenant-note-{uuid.uuid4().hex}"
     async with Worker(client, task_queue=task_queue, workflows=[EchoWorkflow], activities=[shout_refusing]):

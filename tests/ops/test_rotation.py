@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.rotation import stop_when_rotated
+from worker.rotation import stamps, stop_when_rotated
 from worker.temporal_client import tls_files
 
 
@@ -30,9 +30,15 @@ def _secret_volume(root: Path, version: str, files: dict[str, str]) -> None:
 
 async def test_a_swapped_secret_volume_stops_the_process(tmp_path: Path) -> None:
     _secret_volume(tmp_path, "v1", {"tls.crt": "cert-1", "tls.key": "key-1"})
+    # Taken before the process read them: a rotation right after the read is seen too.
+    before = stamps([tmp_path / "tls.crt"])
+    _secret_volume(tmp_path, "v1b", {"tls.crt": "cert-1b", "tls.key": "key-1b"})
+    assert await asyncio.wait_for(stop_when_rotated(before, asyncio.Event(), poll_seconds=0.05), 30) == (
+        tmp_path / "tls.crt"
+    )
     stop = asyncio.Event()
     watcher = asyncio.create_task(
-        stop_when_rotated([tmp_path / "tls.crt", tmp_path / "tls.key"], stop, poll_seconds=0.05)
+        stop_when_rotated(stamps([tmp_path / "tls.crt", tmp_path / "tls.key"]), stop, poll_seconds=0.05)
     )
     # Polled a few times with nothing changed: nothing stops.
     await asyncio.sleep(0.3)
@@ -46,11 +52,11 @@ async def test_a_swapped_secret_volume_stops_the_process(tmp_path: Path) -> None
 async def test_a_stop_that_comes_first_ends_the_watch_without_a_rotation(tmp_path: Path) -> None:
     (tmp_path / "ca.pem").write_text("ca")
     stop = asyncio.Event()
-    watcher = asyncio.create_task(stop_when_rotated([tmp_path / "ca.pem"], stop, poll_seconds=0.05))
+    watcher = asyncio.create_task(stop_when_rotated(stamps([tmp_path / "ca.pem"]), stop, poll_seconds=0.05))
     stop.set()
     assert await asyncio.wait_for(watcher, 30) is None
     # Nothing to watch: nothing to wait for.
-    assert await stop_when_rotated([], asyncio.Event()) is None
+    assert await stop_when_rotated({}, asyncio.Event()) is None
 
 
 def test_the_temporal_tls_files_are_the_ones_envconfig_reads(

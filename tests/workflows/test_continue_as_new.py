@@ -454,7 +454,11 @@ async def test_a_last_status_write_seen_a_task_later_replays(stack: Stack) -> No
         )
         assert last_write > give_up[0], f"run {run.run_id}: the last write ended before its give-up timer"
         between = [e.event_type for e in events if give_up[0] < e.event_id < last_write]
-        assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in between, "not the write's own task"
+        if EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in between:
+            # The write outlived its task (a loaded machine: the SDK completes a task whose local
+            # activity runs long, to keep it alive): its result was seen tasks later, live.
+            split.append(history)
+            continue
         after = [e.event_type for e in events if e.event_id > last_write]
         if after[:-1] == [
             EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED,
