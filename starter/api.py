@@ -67,8 +67,7 @@ class StatusUnanswered(CommandError):
 class ChangedMeanwhile(Exception):
     """What the caller decided on changed before its command landed: a closed run holds the order's
     workflow id where it expected a running one or none (terminated by an operator a moment ago),
-    or the workflow has a newer generation or other node sets. Nothing was started or changed;
-    look again."""
+    or the workflow has other node sets than it saw. Nothing was started or changed; look again."""
 
 
 class WorkflowState(StrEnum):
@@ -180,8 +179,8 @@ class WorkersApi:
         derived from the change; the server then applies it once and answers both.
         `confirm_scale_down`: let a mass scale-down through the workflow's guard.
         `order_generation`: the ClusterOrder generation this comes from (the status reports it).
-        `expected_node_sets`: the node sets the caller saw when it decided; the change is refused
-        (ChangedMeanwhile) if the workflow's differ by now, as it is for an older `order_generation`.
+        `expected_node_sets`: the node sets the caller saw when it decided (empty: it saw no running
+        workflow); the change is refused (ChangedMeanwhile) if the workflow's differ by now.
         `after_completed_run`: the caller found the order's last run completed (decommissioned) and
         means to start afresh. Otherwise a closed run under the id is never replaced: a run an
         operator terminated after the caller looked must stay stopped (a new one would number its

@@ -110,6 +110,8 @@ class Settings(BaseSettings):
     def _root_url(cls, url: str) -> str:
         """Checked at start: without a scheme every call fails (httpx UnsupportedProtocol), and with
         the API path every call 404s (the client appends PRIVATE_PREFIX itself)."""
+        if "@" in url.split("?", 1)[0].split("#", 1)[0]:
+            raise ValueError("credentials do not belong in the URL (the token comes from its own file)")
         try:
             parts = urlsplit(url)
             _ = parts.port  # a port that is not a number, or out of range, raises ValueError
@@ -119,10 +121,6 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL, e.g. https://fulfillment.example.com")
         if not parts.hostname:
             raise ValueError("the URL has no host")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError(
-                "credentials do not belong in the URL (the token is OSAC_FULFILLMENT_TOKEN_FILE's)"
-            )
         if parts.query or parts.fragment:
             raise ValueError("the URL must not have a query or a fragment")
         # A path prefix of a proxy in front of BMaaS is fine; the API's own path is not.
@@ -250,12 +248,11 @@ def _problem(cls: type[BaseSettings], error: ErrorDetails) -> str:
     return f"{where}: {error['msg']}{shown}"
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
-
-
 def _without_userinfo(value: object) -> object:
-    """A URL's `user:password@` is never echoed back in an error."""
-    return _USERINFO.sub("***@", value) if isinstance(value, str) else value
+    """A URL that may carry `user:password@` is never echoed back in an error."""
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return "<a URL with credentials, not shown>"
+    return value
 
 
 _SETTINGS_FIELD = re.compile(r'field "([^"]+)"')

@@ -947,8 +947,12 @@ class ClusterWorkersWorkflow:
                 OrderConditionType.SECURITY_GROUPS_APPLIED,
                 ConditionStatus.FALSE,
                 REQUEST_REFUSED,
-                f"The order's security groups [{', '.join(refused)}] could not be put on all its hosts"
-                " yet; asked again shortly.",
+                (
+                    f"The order's security groups [{', '.join(refused)}] could not be put on all its"
+                    if refused
+                    else "The order's hosts could not be taken out of their security groups on all its"
+                )
+                + " hosts yet; asked again shortly.",
             )
 
             # Asked again after a while, or at once for newer groups; a decommission ends it.

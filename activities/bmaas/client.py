@@ -27,7 +27,7 @@ from temporalio import activity
 
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
 from activities.file_stamp import FileStamp, file_stamp
-from contracts.bmaas import BmaasErrorType
+from contracts.bmaas import SYSTEM_TENANT, BmaasErrorType
 
 log = logging.getLogger(__name__)
 
@@ -213,13 +213,22 @@ class BmaasClient:
         page = await self._request(
             "GET",
             f"/{CATALOG_ITEMS}",
-            params={"filter": f"this.metadata.name == '{self.visibility_canary}'", "limit": 1},
+            params={
+                # A same-named item of a tenant or a shared project proves nothing: tenant system's.
+                "filter": f"this.metadata.name == '{self.visibility_canary}'"
+                f" && this.metadata.tenant == '{SYSTEM_TENANT}'",
+                "limit": 1,
+            },
             body=None,
             idempotent=True,
             secrets=(),
             object_id=None,
         )
-        seen = isinstance(page, dict) and bool(page.get("items"))
+        items = page.get("items") if isinstance(page, dict) else None
+        seen = any(
+            isinstance(item, dict) and (item.get("metadata") or {}).get("tenant") == SYSTEM_TENANT
+            for item in items or []
+        )
         if seen:
             self._visible_until = time.monotonic() + VISIBILITY_TTL_S
         return seen
@@ -369,7 +378,12 @@ class BmaasClient:
         return updated
 
     async def list_instances(self, cel_filter: str | None = None) -> list[dict[str, Any]]:
-        return await self.list_all(INSTANCES, cel_filter)
+        """The BMIs the filter matches. None listed counts only while the token sees CaaS's objects
+        (the canary): a release that finds nothing to delete must not be a mis-scoped token's."""
+        items = await self.list_all(INSTANCES, cel_filter)
+        if not items and not await self.sees_system_objects():
+            raise invisible_objects_error(f"GET /{INSTANCES}", self.visibility_canary)
+        return items
 
     # -- events/watch --------------------------------------------------------------------------
 

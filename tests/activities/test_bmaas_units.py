@@ -271,9 +271,13 @@ async def test_a_not_found_counts_as_gone_only_while_the_token_sees_the_system_c
         nonlocal looks
         if request.url.path.endswith("/baremetal_instance_catalog_items"):
             looks += 1
-            assert request.url.params["filter"] == "this.metadata.name == 'caas-system-bmi'"
+            assert request.url.params["filter"] == (
+                "this.metadata.name == 'caas-system-bmi' && this.metadata.tenant == 'system'"
+            )
             items = [{"id": "c1", "metadata": {"name": "caas-system-bmi", "tenant": "system"}}]
             return httpx.Response(200, json={"size": 1, "total": 1, "items": items if canary_visible else []})
+        if request.url.path.endswith("/baremetal_instances"):
+            return httpx.Response(200, json={"size": 0, "total": 0, "items": []})
         bmi = request.url.path.rsplit("/", 1)[-1]
         return httpx.Response(404, json={"code": 5, "message": f"object with identifier '{bmi}' not found"})
 
@@ -287,15 +291,21 @@ async def test_a_not_found_counts_as_gone_only_while_the_token_sees_the_system_c
             assert hidden.value.error_type == BmaasErrorType.UNAVAILABLE and not hidden.value.non_retryable
             assert "does not see the system-owned catalog item 'caas-system-bmi'" in hidden.value.message
             assert "not taken for gone" in hidden.value.message
-        assert looks == 2  # a canary not seen is looked for again every time
+        # Nothing listed proves nothing either: a release would find nothing to delete.
+        with pytest.raises(BmaasApiError) as listed:
+            await client.list_instances("true")
+        assert listed.value.error_type == BmaasErrorType.UNAVAILABLE
+        assert "not taken for gone" in listed.value.message
+        assert looks == 3  # a canary not seen is looked for again every time
         canary_visible = True
         for _ in range(3):
             with pytest.raises(BmaasApiError) as gone:
                 await client.get_instance("b1")
             assert gone.value.is_not_found
-        assert looks == 3
+        assert await client.list_instances("true") == []
+        assert looks == 4
     # Without a canary (tools, tests), a NotFound naming the object is taken as it is.
     async with BmaasClient("http://bmaas.test", token, transport=transport) as plain:
         with pytest.raises(BmaasApiError) as gone:
             await plain.get_instance("b1")
-        assert gone.value.is_not_found and looks == 3
+        assert gone.value.is_not_found and looks == 4

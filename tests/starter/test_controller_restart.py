@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from contracts.refs import OrderRef
 from contracts.workflows import cluster_workflow_id
-from starter.api import ChangedMeanwhile, WorkersApi, WorkflowState
+from starter.api import ChangedMeanwhile, CommandError, WorkersApi, WorkflowState
 from tests.starter.harness import (
     FINALIZER,
     OSAC_FINALIZER,
@@ -243,6 +243,40 @@ async def test_an_older_generation_sent_late_does_not_undo_a_newer_one(stack: St
         # Generation 1 (A) and 3 (B): A's late change never entered the history.
         assert await update_names(stack, order) == ["set_node_sets"] * 2
         await wait_ready(stack, order, 3)
+    finally:
+        held.gate.set()
+        await slow.stop()
+
+
+async def test_a_first_start_sent_late_does_not_undo_the_one_that_started_the_run(stack: Stack) -> None:
+    """Controller A saw no workflow for generation 1 and is slow to start it; controller B starts
+    the run with generation 2. A's late start reaches B's run (conflict policy USE_EXISTING): it was
+    decided on a workflow with no node sets, so it is refused, and A finds generation 2 applied."""
+    held = _HeldApply(stack, generation=1)
+    slow = await start_controller(stack, api=cast(WorkersApi, held))
+    try:
+        order = await create_order(stack, bare_metal(bm_standard=1))
+        await held.entered.wait()
+        await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
+        async with controller(stack):
+
+            async def applied_2() -> bool:
+                try:
+                    return (await stack.api.status(order)).order_generation == 2
+                except CommandError:
+                    return False  # no run yet
+
+            await eventually(applied_2, "controller B starting the run with generation 2")
+        held.gate.set()
+
+        async def refused_and_accepted() -> bool:
+            accepted = condition(await get_order(stack, order), "NodeRequestsValid") or {}
+            return held.refused >= 1 and accepted.get("observedGeneration") == 2
+
+        await eventually(refused_and_accepted, "A's late start refused, and the order saying 2")
+        status = await stack.api.status(order)
+        assert (status.desired_workers, status.order_generation) == (2, 2)
+        await wait_ready(stack, order, 2)
     finally:
         held.gate.set()
         await slow.stop()
