@@ -702,15 +702,18 @@ async def test_security_groups_bmaas_refuses_are_shown_and_put_again_until_done(
     )
     await stack.apply(order, {"bm-standard": 1}, api)
     await stack.wait_ready(order, 1)
-    await stack.set_bmaas_faults(
-        routes={"PATCH /api/private/v1/baremetal_instances/{id}": {"error_rate": 1.0, "error_code": 7}}
-    )
-    response = await stack.hub_http.patch(
-        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-        json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": ["sg-tight"]}}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    response.raise_for_status()
+    refused = {"PATCH /api/private/v1/baremetal_instances/{id}": {"error_rate": 1.0, "error_code": 7}}
+
+    async def set_groups(groups: list[str]) -> None:
+        response = await stack.hub_http.patch(
+            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+            json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": groups}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+
+    await stack.set_bmaas_faults(routes=refused)
+    await set_groups(["sg-tight"])
     await stack.apply(order, {"bm-standard": 1}, api)
 
     async def groups_condition(status: str) -> bool:
@@ -727,6 +730,19 @@ async def test_security_groups_bmaas_refuses_are_shown_and_put_again_until_done(
 
     await eventually(tight, "the host in the new security groups once BMaaS takes them")
     await eventually(lambda: groups_condition("True"), "the order saying the groups are applied")
+
+    # Emptied, and refused again: no groups at all is a change like any other, shown and put again.
+    await stack.set_bmaas_faults(routes=refused)
+    await set_groups([])
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await eventually(lambda: groups_condition("False"), "the refused removal of every group shown")
+    await stack.clear_bmaas_faults()
+
+    async def emptied() -> bool:
+        return set(map(tuple, (await stack.security_groups(order)).values())) == {()}
+
+    await eventually(emptied, "the host out of every security group once BMaaS takes it")
+    await eventually(lambda: groups_condition("True"), "the order saying the groups are applied again")
     await replay_clean(await stack.histories(order))
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
