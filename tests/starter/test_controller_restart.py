@@ -37,6 +37,10 @@ from tests.starter.harness import (
 )
 from tests.workflows.stack import Stack, eventually
 
+# The apply timeout of controllers whose apply a test holds at a gate or slows down: the hold is
+# inside the timeout, and on a loaded machine the other controller's work may outlast 30 s.
+GATED = 600.0
+
 NEW_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHr0ks3jOM2Yz0gK1cM9Yc9l7Wq9d4m2b0F5tJd4Vx0f edit@race"
 
 
@@ -153,7 +157,7 @@ async def test_a_start_landing_after_another_controller_finalized_the_order_is_d
     order; controller B finds no workflow and no host, and removes the finalizer; the order goes.
     Then A's start lands: A itself must decommission what it started (no event will come)."""
     api = _GatedApply(stack)
-    first = await start_controller(stack, api=cast(WorkersApi, api))
+    first = await start_controller(stack, api=cast(WorkersApi, api), apply_timeout_seconds=GATED)
     try:
         order = await create_order(stack, bare_metal(bm_standard=1), finalizers=[OSAC_FINALIZER])
 
@@ -218,7 +222,7 @@ async def test_an_older_generation_sent_late_does_not_undo_a_newer_one(stack: St
     3 meanwhile. A's late change is refused by the workflow (it was decided on node sets that are
     gone), A looks again and finds 3 applied: the workflow keeps 3, and the order says 3."""
     held = _HeldApply(stack, generation=2)
-    slow = await start_controller(stack, api=cast(WorkersApi, held))
+    slow = await start_controller(stack, api=cast(WorkersApi, held), apply_timeout_seconds=GATED)
     try:
         order = await create_order(stack, bare_metal(bm_standard=1))
         await wait_condition(stack, order, "NodeRequestsValid", "True")
@@ -253,7 +257,7 @@ async def test_a_first_start_sent_late_does_not_undo_the_one_that_started_the_ru
     the run with generation 2. A's late start reaches B's run (conflict policy USE_EXISTING): it was
     decided on a workflow with no node sets, so it is refused, and A finds generation 2 applied."""
     held = _HeldApply(stack, generation=1)
-    slow = await start_controller(stack, api=cast(WorkersApi, held))
+    slow = await start_controller(stack, api=cast(WorkersApi, held), apply_timeout_seconds=GATED)
     try:
         order = await create_order(stack, bare_metal(bm_standard=1))
         await held.entered.wait()
@@ -309,7 +313,9 @@ async def test_a_run_terminated_while_a_change_goes_out_is_not_replaced(stack: S
     new run would number its slots from 0 and tell the stopped run's worker, which holds its host,
     to leave. The order says WorkersWorkflowStopped, as for a run terminated at any other time."""
     api = _TerminatedAfterStatus(stack)
-    async with controller(stack, api=cast(WorkersApi, api), resync_seconds=2.0) as running:
+    async with controller(
+        stack, api=cast(WorkersApi, api), resync_seconds=2.0, apply_timeout_seconds=GATED
+    ) as running:
         order = await create_order(stack, bare_metal(bm_standard=1))
         await wait_ready(stack, order, 1)
         await wait_condition(stack, order, "NodeRequestsValid", "True")
