@@ -627,6 +627,16 @@ async def test_a_ready_workers_host_that_fails_or_vanishes_is_released_and_repla
     await replay_clean(histories)
 
 
+async def _set_security_groups(stack: Stack, order: OrderRef, groups: list[str]) -> None:
+    """The tenant edits the order's `securityGroupRefs` (its subnet stays subnet-a)."""
+    response = await stack.hub_http.patch(
+        f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
+        json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": groups}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    response.raise_for_status()
+
+
 async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_booted_after(
     stack: Stack,
 ) -> None:
@@ -641,14 +651,6 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
     assert set(map(tuple, (await stack.security_groups(order)).values())) == {("sg-open",)}
 
-    async def set_groups(groups: list[str]) -> None:
-        response = await stack.hub_http.patch(
-            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-            json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": groups}}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        response.raise_for_status()
-
     async def all_in(groups: list[str], count: int) -> bool:
         found = await stack.security_groups(order)
         return len(found) == count and all(g == groups for g in found.values())
@@ -658,14 +660,14 @@ async def test_the_orders_new_security_groups_reach_its_running_hosts_and_those_
 
     # Changed and changed back (the same count: the controller's command for each generation):
     # the hosts follow both ways, though every worker started in the first groups.
-    await set_groups(["sg-tight"])
+    await _set_security_groups(stack, order, ["sg-tight"])
     await stack.apply(order, {"bm-standard": 2}, api)
     await eventually(lambda: all_tight(2), "the running hosts in the new security groups")
-    await set_groups(["sg-open"])
+    await _set_security_groups(stack, order, ["sg-open"])
     await stack.apply(order, {"bm-standard": 2}, api)
     await eventually(lambda: all_in(["sg-open"], 2), "the running hosts back in the first ones")
 
-    await set_groups(["sg-tight"])
+    await _set_security_groups(stack, order, ["sg-tight"])
     await stack.apply(order, {"bm-standard": 3}, api)
     await eventually(lambda: all_tight(3), "the running hosts and the new one in the new security groups")
     await stack.wait_ready(order, 3)
@@ -704,16 +706,8 @@ async def test_security_groups_bmaas_refuses_are_shown_and_put_again_until_done(
     await stack.wait_ready(order, 1)
     refused = {"PATCH /api/private/v1/baremetal_instances/{id}": {"error_rate": 1.0, "error_code": 7}}
 
-    async def set_groups(groups: list[str]) -> None:
-        response = await stack.hub_http.patch(
-            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}",
-            json={"spec": {"networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": groups}}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        response.raise_for_status()
-
     await stack.set_bmaas_faults(routes=refused)
-    await set_groups(["sg-tight"])
+    await _set_security_groups(stack, order, ["sg-tight"])
     await stack.apply(order, {"bm-standard": 1}, api)
 
     async def groups_condition(status: str) -> bool:
@@ -733,7 +727,7 @@ async def test_security_groups_bmaas_refuses_are_shown_and_put_again_until_done(
 
     # Emptied, and refused again: no groups at all is a change like any other, shown and put again.
     await stack.set_bmaas_faults(routes=refused)
-    await set_groups([])
+    await _set_security_groups(stack, order, [])
     await stack.apply(order, {"bm-standard": 1}, api)
     await eventually(lambda: groups_condition("False"), "the refused removal of every group shown")
     await stack.clear_bmaas_faults()
