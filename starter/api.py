@@ -16,6 +16,7 @@ Wire contract (what a Go caller needs; JSON Schemas of every payload are in `sch
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,6 +135,17 @@ def _unanswered(err: RPCError, waited: float) -> bool:
     return err.status == RPCStatusCode.CANCELLED and waited >= 0.9 * QUERY_TIMEOUT.total_seconds()
 
 
+def _retrieve_start_error(start: WithStartWorkflowOperation[Any, Any]) -> None:
+    """The start operation also keeps a failed (or cancelled) start's error in a future of its
+    own, which nothing awaits: the call raised that error already. Left unretrieved, asyncio logs it
+    as an ERROR with a traceback when the future is collected ("Future exception was never
+    retrieved"), for every refused or timed-out change. (temporalio 1.35 keeps it in
+    `_workflow_handle`; if that moves, this does nothing and the test says so.)"""
+    pending = getattr(start, "_workflow_handle", None)
+    if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
+        pending.exception()
+
+
 def _rejection(err: WorkflowUpdateFailedError) -> CommandError:
     cause = err.cause
     message = getattr(cause, "message", None) or str(cause or err)
@@ -227,6 +239,8 @@ class WorkersApi:
             raise ChangedMeanwhile(
                 f"order {order.key}: a closed run holds its workflow id; nothing was started"
             ) from err
+        finally:
+            _retrieve_start_error(start)
 
     async def status(self, order: OrderRef, *, field: str | None = None) -> ClusterWorkersStatus:
         """The latest run's status (its `status` query). `field`: the input a command's refusal

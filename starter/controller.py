@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.common import MetricCounter, MetricMeter
 
 from activities.bmaas.activities import order_snapshots
@@ -572,8 +573,11 @@ class ClusterOrderController:
                 ),
                 self._apply_timeout,
             )
-        except TimeoutError:
-            # Sent again under the same id, a change the server holds is still applied once.
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            # The SDK turns the cancellation `wait_for` sends at the timeout into its own error,
+            # which `wait_for` passes on instead of TimeoutError (a cancel of this reconcile from
+            # outside still arrives as CancelledError). Sent again under the same id, a change the
+            # server holds is still applied once.
             raise ChangeUnanswered(
                 f"order {ref.key}: no worker took the change within {self._apply_timeout:g}s (workers"
                 f" down, or polling another task queue than {self._api.task_queue!r})"

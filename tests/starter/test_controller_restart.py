@@ -6,8 +6,11 @@ used before, and a stopped run purged by retention while its workers hold their 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any, cast
+
+import pytest
 
 from contracts.refs import OrderRef
 from contracts.workflows import cluster_workflow_id
@@ -338,10 +341,14 @@ async def test_a_run_terminated_while_a_change_goes_out_is_not_replaced(stack: S
         await release_hosts(stack, order)
 
 
-async def test_a_change_no_worker_takes_does_not_hold_the_other_orders_back(stack: Stack) -> None:
+async def test_a_change_no_worker_takes_does_not_hold_the_other_orders_back(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
     """No worker polls the controller's task queue: a new order's update-with-start would wait for
     good in the only reconcile slot. It gives up after its timeout (a failed, counted reconcile,
-    retried), so the next order is still looked at and its bad input said on it."""
+    retried, whose log says what to look at), so the next order is still looked at and its bad
+    input said on it."""
+    caplog.set_level(logging.WARNING, logger="osac.controller")
     unpolled = WorkersApi(
         stack.client,
         task_queue=f"unpolled-{uuid.uuid4().hex[:8]}",
@@ -359,6 +366,10 @@ async def test_a_change_no_worker_takes_does_not_hold_the_other_orders_back(stac
         refused = await wait_condition(stack, invalid, "NodeRequestsValid", "False")
         assert "'bm-nope'" in refused["message"]
         assert running.controller.stats.errors >= 1
+    unanswered = [r.getMessage() for r in caplog.records if "failed (ChangeUnanswered" in r.getMessage()]
+    assert unanswered, [r.getMessage() for r in caplog.records]
+    assert "no worker took the change within 3s" in unanswered[0]
+    assert repr(unpolled.task_queue) in unanswered[0]
     await stack.client.get_workflow_handle(cluster_workflow_id(waiting)).terminate(reason="test: no worker")
     for order in (waiting, invalid):
         await patch_order(stack, order, {"metadata": {"finalizers": []}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -188,6 +189,34 @@ async def test_a_change_decided_on_node_sets_that_changed_since_is_refused(stack
     await stack.apply(order, {"bm-standard": 0})
     assert (await stack.api.status(order)).desired_workers == 0
     await stack.decommission_and_wait(order)
+
+
+async def test_a_refused_start_leaves_no_unretrieved_error_for_asyncio_to_log(stack: Stack) -> None:
+    """A closed run holds the order's workflow id: the start is refused (ChangedMeanwhile). The
+    start operation also keeps that error in a future of its own; left unretrieved, asyncio logged
+    it when collected as "Future exception was never retrieved", an ERROR with a traceback, for
+    every refused (or timed-out) change the controller sent."""
+    from starter.api import ChangedMeanwhile
+
+    order = await stack.create_order({"bm-standard": 0})
+    await stack.apply(order, {"bm-standard": 0})
+    await stack.client.get_workflow_handle(cluster_workflow_id(order)).terminate(reason="test: by hand")
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _, context: reported.append(str(context.get("message"))))
+    try:
+        refused = False
+        try:
+            change = [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)]
+            await stack.api.apply(order, change, instance_types=INSTANCE_TYPES)
+        except ChangedMeanwhile:
+            refused = True
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert refused
+    assert reported == []
 
 
 async def test_a_late_copy_of_a_report_never_undoes_a_newer_one(stack: Stack) -> None:
