@@ -632,7 +632,7 @@ class BmaasActivities:
                 continue
             listed = (obj.get("spec") or {}).get("network_attachments") or []
             attachments = [a for a in listed if isinstance(a, dict)]
-            if all(_group_ids(a) == wanted for a in attachments):
+            if all(_group_names(a) == wanted for a in attachments):
                 continue  # already in the groups, or no attachment to put in them
             body: dict[str, Any] = {
                 "spec": {
@@ -680,13 +680,21 @@ def _wait_progress(bmi_id: str, obs: Observed, streaming: bool) -> WaitProgress:
 
 
 def _reference(ref: str) -> dict[str, str]:
-    # The order's references are ids; BMaaS resolves `{id}` (a name-only reference would be `{name}`).
-    return {"id": ref}
+    # The order's `subnetRef` and `securityGroupRefs` are Subnet and SecurityGroup CR names (the
+    # CRD), so BMaaS is asked to resolve them by name, as OSAC's own worker reconciler does; it
+    # stores the resolved reference as `{id, name}`.
+    return {"name": ref}
 
 
-def _group_ids(attachment: dict[str, Any]) -> list[str]:
+def _group_names(attachment: dict[str, Any]) -> list[str]:
     groups = attachment.get("security_groups") or []
-    return sorted({ref for ref in map(_reference_id, groups) if ref})
+    return sorted({ref for ref in map(_reference_name, groups) if ref})
+
+
+def _reference_name(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("name") or None
+    return None
 
 
 def _reference_id(value: Any) -> str | None:

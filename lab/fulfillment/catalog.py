@@ -1,4 +1,5 @@
-"""Admin-managed objects: BareMetalInstanceTypes, DiskImages, ClusterVersions and BMI catalog items.
+"""Admin-managed objects: BareMetalInstanceTypes, DiskImages, ClusterVersions, BMI catalog items, and
+the Subnets and SecurityGroups a BMI's network attachment names.
 
 One generic store per kind (CRUD, names unique per `(tenant, project, name)`, optimistic lock, events),
 with per-kind hooks for validation, deletion guards and the public view. These objects are global
@@ -22,6 +23,8 @@ from lab.fulfillment.models import (
     DiskImage,
     EventType,
     Resource,
+    SecurityGroup,
+    Subnet,
     render,
     utcnow,
 )
@@ -83,6 +86,13 @@ class CatalogStore(Generic[R]):
         if obj is None or not self._visible_to(obj, caller):
             raise ApiError.not_found(self.kind, object_id)
         return obj
+
+    def by_id(self, object_id: str, caller: Caller) -> R | None:
+        obj = self._objects.get(object_id)
+        return obj if obj is not None and self._visible_to(obj, caller) else None
+
+    def by_name(self, name: str, caller: Caller) -> R | None:
+        return next((o for o in self.visible(caller) if o.metadata.name == name), None)
 
     def find(self, ref: str, caller: Caller) -> R | None:
         """By id, else by name (the way BMIs reference instance types and images)."""
@@ -180,7 +190,7 @@ def _dig(data: dict[str, Any], path: str) -> Any:
 
 
 class Catalogs:
-    """The four admin-managed kinds, with the hooks that only need each other."""
+    """The admin-managed kinds, with the hooks that only need each other."""
 
     def __init__(self, bus: EventBus) -> None:
         self.types = CatalogStore(
@@ -194,6 +204,8 @@ class Catalogs:
             "bare_metal_instance_catalog_item",
             bus,
         )
+        self.subnets = CatalogStore("subnet", Subnet, "subnet", bus)
+        self.security_groups = CatalogStore("security_group", SecurityGroup, "security_group", bus)
         self.types.hooks = KindHooks(validate=_validate_type, public_view=_public_type)
         self.images.hooks = KindHooks(validate=_validate_image)
         self.versions.hooks = KindHooks(

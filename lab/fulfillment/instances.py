@@ -8,7 +8,9 @@ Rules (every error names the field first):
 - `spec.image {source_type: "disk_image", source_ref: <DiskImage id>}` or the plain `spec.disk_image`
   must name an existing DiskImage; both may be given if they agree.
 - More than one `spec.network_attachments` ⇒ exactly one has `primary: true`; an `interface` must be a
-  non-lifecycle port of the instance type.
+  non-lifecycle port of the instance type. Each `subnet` and `security_groups[]` reference must name
+  an existing Subnet / SecurityGroup by `id` or by `name` (both: the same object), and is stored as
+  the real service stores it, `{id, name}`.
 - Immutable after create: catalog_item, ssh_public_key, user_data, template_parameters, image (and
   disk_image), auto_external_ip_attachment; `metadata.tenant` too.
 - Admin creates default to tenant `system`; tenants create in their own tenant and see only it.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.fulfillment.catalog import Catalogs
+from lab.fulfillment.catalog import Catalogs, CatalogStore
 from lab.fulfillment.errors import ApiError
 from lab.fulfillment.lifecycle import Lifecycle, initial_conditions
 from lab.fulfillment.models import (
@@ -31,6 +33,7 @@ from lab.fulfillment.models import (
     BareMetalInstanceStatus,
     BareMetalInstanceType,
     BmiState,
+    NamedReference,
     ObjectReference,
     PortRole,
 )
@@ -251,7 +254,24 @@ class InstanceService:
         ):
             raise ApiError.invalid("spec.ssh_public_key", "is not an OpenSSH public key")
         self._check_network_attachments(spec, itype)
+        self._resolve_network_refs(spec, caller)
         return itype
+
+    def _resolve_network_refs(self, spec: BareMetalInstanceSpec, caller: Caller) -> None:
+        for i, att in enumerate(spec.network_attachments):
+            if att.subnet is not None:
+                att.subnet = _resolved(
+                    self._catalogs.subnets, att.subnet, f"spec.network_attachments[{i}].subnet", caller
+                )
+            att.security_groups = [
+                _resolved(
+                    self._catalogs.security_groups,
+                    ref,
+                    f"spec.network_attachments[{i}].security_groups[{j}]",
+                    caller,
+                )
+                for j, ref in enumerate(att.security_groups)
+            ]
 
     @staticmethod
     def _check_network_attachments(spec: BareMetalInstanceSpec, itype: BareMetalInstanceType) -> None:
@@ -312,3 +332,22 @@ class InstanceService:
             return self._image_id(spec, caller)
         except ApiError:
             return "<unresolvable>"
+
+
+def _resolved(store: CatalogStore[Any], ref: NamedReference, field: str, caller: Caller) -> NamedReference:
+    """`ref` as the real service stores a resolved reference, `{id, name}`; one naming nothing, or
+    no object of the store's kind, is refused (InvalidArgument, naming the field)."""
+    if not (ref.id or ref.name):
+        raise ApiError.invalid(field, "names no object (neither id nor name)")
+    by_id = store.by_id(ref.id, caller) if ref.id else None
+    by_name = store.by_name(ref.name, caller) if ref.name else None
+    found = by_id or by_name
+    if (
+        found is None
+        or (ref.id and by_id is None)
+        or (ref.name and by_name is None)
+        or (by_id is not None and by_name is not None and by_id.id != by_name.id)
+    ):
+        shown = ", ".join(f"{k} '{v}'" for k, v in (("id", ref.id), ("name", ref.name)) if v)
+        raise ApiError.invalid(field, f"no {store.kind} with {shown}")
+    return NamedReference(id=found.id, name=found.metadata.name)

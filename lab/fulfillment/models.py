@@ -327,3 +327,23 @@ class CatalogItemSpec(ApiModel):
 class BareMetalInstanceCatalogItem(Resource):
     spec: CatalogItemSpec = Field(default_factory=CatalogItemSpec)
     status: EmptyStatus = Field(default_factory=EmptyStatus)
+
+
+# ------------------------------------------------------------------------- Subnet, SecurityGroup
+
+
+class NetworkObjectSpec(ApiModel):
+    virtual_network: str = ""
+
+
+class Subnet(Resource):
+    """Only what a BMI's network attachment resolves: its id and name (the ClusterOrder's
+    `subnetRef` is the Subnet CR's name, which is the object's name here)."""
+
+    spec: NetworkObjectSpec = Field(default_factory=NetworkObjectSpec)
+    status: EmptyStatus = Field(default_factory=EmptyStatus)
+
+
+class SecurityGroup(Resource):
+    spec: NetworkObjectSpec = Field(default_factory=NetworkObjectSpec)
+    status: EmptyStatus = Field(default_factory=EmptyStatus)

@@ -168,6 +168,10 @@ def private_router() -> APIRouter:
         admin_caller,
         writable=True,
     )
+    _catalog_routes(router, "/subnets", lambda lab: lab.catalogs.subnets, admin_caller, writable=True)
+    _catalog_routes(
+        router, "/security_groups", lambda lab: lab.catalogs.security_groups, admin_caller, writable=True
+    )
 
     @router.get("/events/watch")
     async def watch(

@@ -8,6 +8,9 @@
   `quay.io/openshift-release-dev/ocp-release:4.18.0-x86_64` and `spec.disk_image` = the DiskImage id.
 - Catalog items: `caas-system-bmi` (tenant `system`: the pass-through item CaaS creates BMIs with) and
   `bm-general` (global, published: what tenants use on the public API).
+- Subnets `subnet-a`, `subnet-1` and SecurityGroups `sg-1`, `sg-2`, `sg-3`, `sg-open`, `sg-tight` of
+  virtual network `lab-vnet`: what orders' network attachments name (`POST /subnets`,
+  `/security_groups` add more).
 Seeded ids are stable across restarts (UUIDv5 of kind and name).
 """
 
@@ -37,8 +40,11 @@ from lab.fulfillment.models import (
     LabelSelector,
     MemorySpec,
     Metadata,
+    NetworkObjectSpec,
     NetworkPortSpec,
     PortRole,
+    SecurityGroup,
+    Subnet,
     utcnow,
 )
 
@@ -52,6 +58,9 @@ RELEASE_IMAGE = "quay.io/openshift-release-dev/ocp-release:4.18.0-x86_64"
 RHCOS_IMAGE_REF = "quay.io/openshift-release-dev/ocp-v4.0-art-dev:rhcos-4.18-x86_64"
 CAAS_CATALOG_ITEM = "caas-system-bmi"
 TENANT_CATALOG_ITEM = "bm-general"
+VIRTUAL_NETWORK = "lab-vnet"
+SUBNETS = ("subnet-a", "subnet-1")
+SECURITY_GROUPS = ("sg-1", "sg-2", "sg-3", "sg-open", "sg-tight")
 
 _NAMESPACE = uuid.UUID("6f1c3c52-6c1e-4c55-9b55-0b6a6c1f7a10")
 
@@ -164,3 +173,19 @@ def seed_catalogs(catalogs: Catalogs) -> None:
             ),
         )
     )
+    for name in SUBNETS:
+        catalogs.subnets.insert(
+            Subnet(
+                id=seeded_id("subnet", name),
+                metadata=_metadata(name),
+                spec=NetworkObjectSpec(virtual_network=VIRTUAL_NETWORK),
+            )
+        )
+    for name in SECURITY_GROUPS:
+        catalogs.security_groups.insert(
+            SecurityGroup(
+                id=seeded_id("security_group", name),
+                metadata=_metadata(name),
+                spec=NetworkObjectSpec(virtual_network=VIRTUAL_NETWORK),
+            )
+        )

@@ -31,6 +31,11 @@ from lab.fulfillment.testing import bmi_body
 from tests.activities.conftest import Harness, wait_for
 
 
+def _named(kind: str, name: str) -> dict[str, str]:
+    """A reference as BMaaS stores it once resolved (the twin's seeded objects)."""
+    return {"id": seeded_id(kind, name), "name": name}
+
+
 async def test_create_builds_the_osac_bmi(harness: Harness) -> None:
     result = await harness.run(harness.acts.create_worker_instance, harness.slot(2))
     assert result.created and result.instance.name == "order1-worker-2"
@@ -47,10 +52,11 @@ async def test_create_builds_the_osac_bmi(harness: Harness) -> None:
     assert spec["instance_type"] == "bm-standard"
     assert spec["image"] == {"source_type": "disk_image", "source_ref": harness.disk_image_id}
     assert spec["catalog_item"]["name"] == "caas-system-bmi"
+    # The order names Subnet and SecurityGroup CRs: sent by name, stored resolved as `{id, name}`.
     assert spec["network_attachments"] == [
         {
-            "subnet": {"id": "subnet-1"},
-            "security_groups": [{"id": "sg-1"}, {"id": "sg-2"}],
+            "subnet": _named("subnet", "subnet-1"),
+            "security_groups": [_named("security_group", "sg-1"), _named("security_group", "sg-2")],
             "interface": "data-0",  # the first fabric port of bm-standard
             "primary": True,
         }
@@ -321,20 +327,23 @@ async def test_apply_security_groups_changes_only_the_groups_of_the_orders_live_
     assert applied.bmi_ids == [live]
     after = await harness.lab.get_bmi(live)
     assert after is not None and before is not None
-    assert groups(after) == [[{"id": "sg-3"}]]
+    assert groups(after) == [[_named("security_group", "sg-3")]]
     # Nothing else of the attachment moved: the subnet, the fabric port, the primary flag.
     assert [
         {k: v for k, v in a.items() if k != "security_groups"} for a in after["spec"]["network_attachments"]
     ] == [
         {k: v for k, v in a.items() if k != "security_groups"} for a in before["spec"]["network_attachments"]
     ]
-    assert groups(await harness.lab.get_bmi(broken)) == [[{"id": "sg-1"}, {"id": "sg-2"}]]
-    assert groups(await harness.lab.get_bmi(other)) == [[{"id": "sg-1"}, {"id": "sg-2"}]]
+    first = [_named("security_group", "sg-1"), _named("security_group", "sg-2")]
+    assert groups(await harness.lab.get_bmi(broken)) == [first]
+    assert groups(await harness.lab.get_bmi(other)) == [first]
 
     again = await harness.run(
         harness.acts.apply_security_groups, ApplySecurityGroupsInput(order=order, security_groups=("sg-3",))
     )
-    assert again.bmi_ids == []  # idempotent: a retry or the next check changes nothing
+    # Idempotent: a retry or the next check changes nothing (the stored groups carry ids as well as
+    # the names asked for).
+    assert again.bmi_ids == []
     cleared = await harness.run(harness.acts.apply_security_groups, ApplySecurityGroupsInput(order=order))
     assert cleared.bmi_ids == [live]
     assert groups(await harness.lab.get_bmi(live)) == [[]]

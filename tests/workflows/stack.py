@@ -237,10 +237,10 @@ class Stack:
         return items
 
     async def security_groups(self, order: OrderRef) -> dict[str, list[str]]:
-        """The security groups of each BMI of the order (by BMI id), as BMaaS has them."""
+        """The security groups of each BMI of the order (by BMI id), as BMaaS has them (by name)."""
         return {
             bmi["id"]: [
-                group["id"]
+                group["name"]
                 for attachment in bmi["spec"].get("network_attachments") or []
                 for group in attachment.get("security_groups") or []
             ]

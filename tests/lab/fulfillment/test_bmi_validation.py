@@ -69,6 +69,14 @@ INVALID_CREATES: list[tuple[dict[str, Any], str]] = [
         "spec.network_attachments[0].interface",
     ),
     ({"spec__network_attachments": [{"primary": "maybe"}]}, "spec.network_attachments[0].primary"),
+    ({"spec__network_attachments": [{"subnet": {"name": "no-such"}}]}, "spec.network_attachments[0].subnet"),
+    ({"spec__network_attachments": [{"subnet": {}}]}, "spec.network_attachments[0].subnet"),
+    # A name is no id: the order's CR names are sent as names.
+    ({"spec__network_attachments": [{"subnet": {"id": "subnet-a"}}]}, "spec.network_attachments[0].subnet"),
+    (
+        {"spec__network_attachments": [{"security_groups": [{"name": "sg-1"}, {"name": "sg-nope"}]}]},
+        "spec.network_attachments[0].security_groups[1]",
+    ),
     ({"spec__bogus": 1}, "spec.bogus"),
     ({"spec__run_strategy": "SOMETIMES"}, "spec.run_strategy"),
     ({"spec__ssh_public_key": "not a key"}, "spec.ssh_public_key"),
@@ -117,6 +125,33 @@ def test_catalog_item_by_id_and_disk_image_by_id(admin: httpx.Client) -> None:
         spec__disk_image="rhcos-4.18",
     )
     assert admin.post(BMI, json=both).status_code == 200
+
+
+def test_network_references_resolve_by_id_or_name_and_are_stored_with_both(admin: httpx.Client) -> None:
+    subnet = next(
+        s for s in admin.get("/api/private/v1/subnets").json()["items"] if s["metadata"]["name"] == "subnet-a"
+    )
+    groups = {
+        g["metadata"]["name"]: g["id"] for g in admin.get("/api/private/v1/security_groups").json()["items"]
+    }
+    attachment = {
+        "subnet": {"name": "subnet-a"},
+        "security_groups": [{"id": groups["sg-open"]}, {"id": groups["sg-1"], "name": "sg-1"}],
+    }
+    created = admin.post(BMI, json=body_with(spec__network_attachments=[attachment]))
+    assert created.status_code == 200, created.text
+    stored = created.json()["spec"]["network_attachments"][0]
+    assert stored["subnet"] == {"id": subnet["id"], "name": "subnet-a"}
+    assert stored["security_groups"] == [
+        {"id": groups["sg-open"], "name": "sg-open"},
+        {"id": groups["sg-1"], "name": "sg-1"},
+    ]
+    # An id and a name of two different objects name nothing.
+    mixed = {"security_groups": [{"id": groups["sg-open"], "name": "sg-1"}]}
+    expect_invalid(
+        admin.post(BMI, json=body_with("w-1", spec__network_attachments=[mixed])),
+        "spec.network_attachments[0].security_groups[0]",
+    )
 
 
 def test_names_are_unique_per_tenant_and_project(admin: httpx.Client) -> None:
