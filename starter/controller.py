@@ -57,9 +57,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
@@ -91,6 +92,7 @@ from starter.orders import (
 from starter.validation import InstanceTypeCatalog, desired_node_sets, order_problem
 
 log = logging.getLogger("osac.controller")
+T = TypeVar("T")
 
 
 class WorkQueue:
@@ -343,6 +345,11 @@ class ClusterOrderController:
                 if delay is not None:
                     self._queue.add_after(key, delay)
             except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # Stopped meanwhile: the SDK turns a cancelled update call into an error of its
+                    # own, and carrying on would keep this loop, and the controller's stop, going.
+                    raise asyncio.CancelledError from exc
                 self._count("errors", error_type=type(exc).__name__)
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 floor, cap = self._backoff
@@ -559,27 +566,33 @@ class ClusterOrderController:
         after_completed_run: bool,
     ) -> None:
         instance_types = await self._catalog.names()
+        # Sent again under the same id, a change the server holds is still applied once.
+        await self._answered_in_time(
+            self._api.apply(
+                ref,
+                desired,
+                instance_types=instance_types,
+                update_id=update_id,
+                confirm_scale_down=confirm,
+                order_generation=gen,
+                expected_node_sets=expected,
+                after_completed_run=after_completed_run,
+            ),
+            ref,
+            "change",
+        )
+
+    async def _answered_in_time(self, call: Awaitable[T], ref: OrderRef, what: str) -> T:
+        """`call`, an update the SDK would wait for for good (holding a reconcile slot), given up
+        after the apply timeout as ChangeUnanswered."""
         try:
-            await asyncio.wait_for(
-                self._api.apply(
-                    ref,
-                    desired,
-                    instance_types=instance_types,
-                    update_id=update_id,
-                    confirm_scale_down=confirm,
-                    order_generation=gen,
-                    expected_node_sets=expected,
-                    after_completed_run=after_completed_run,
-                ),
-                self._apply_timeout,
-            )
+            return await asyncio.wait_for(call, self._apply_timeout)
         except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
             # The SDK turns the cancellation `wait_for` sends at the timeout into its own error,
             # which `wait_for` passes on instead of TimeoutError (a cancel of this reconcile from
-            # outside still arrives as CancelledError). Sent again under the same id, a change the
-            # server holds is still applied once.
+            # outside still arrives as CancelledError).
             raise ChangeUnanswered(
-                f"order {ref.key}: no worker took the change within {self._apply_timeout:g}s (workers"
+                f"order {ref.key}: no worker took the {what} within {self._apply_timeout:g}s (workers"
                 f" down, or polling another task queue than {self._api.task_queue!r})"
             ) from None
 
@@ -779,7 +792,7 @@ class ClusterOrderController:
         if status.decommissioning:
             return
         try:
-            await self._api.decommission(ref)
+            await self._answered_in_time(self._api.decommission(ref), ref, "decommission")
             self._count("decommissions")
             log.info("order %s: deleting; decommissioning its workers", ref.key)
         except CommandError as err:

@@ -376,6 +376,56 @@ async def test_a_change_no_worker_takes_does_not_hold_the_other_orders_back(
         await delete_order(stack, order)
 
 
+class _HeldDecommission:
+    """The library API, except that a decommission waits at a gate before it goes out: a worker
+    that answered the controller's status query and then stopped taking updates."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+        self.gate = asyncio.Event()
+        self.held = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack.api, name)
+
+    async def decommission(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
+        self.held += 1
+        await self.gate.wait()
+        return await self._stack.api.decommission(order, *args, **kwargs)
+
+
+async def test_a_decommission_no_worker_takes_does_not_hold_the_other_orders_back(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deleted order's decommission is unanswered: it gives up after the apply timeout (a failed,
+    counted reconcile, retried) like a change, so the next order is still looked at; once a worker
+    takes it, the order's finalizer goes."""
+    caplog.set_level(logging.WARNING, logger="osac.controller")
+    api = _HeldDecommission(stack)
+    async with controller(stack, api=cast(WorkersApi, api), concurrency=1, apply_timeout_seconds=2.0):
+        leaving = await create_order(stack, bare_metal(bm_standard=0))
+        await wait_condition(stack, leaving, "NodeRequestsValid", "True")
+        await delete_order(stack, leaving)
+        await eventually(lambda: _at_least(api, 2), "the decommission sent twice (the first given up)")
+        invalid = await create_order(stack, bare_metal(bm_nope=1))
+        refused = await wait_condition(stack, invalid, "NodeRequestsValid", "False")
+        assert "'bm-nope'" in refused["message"]
+        unanswered = [r.getMessage() for r in caplog.records if "failed (ChangeUnanswered" in r.getMessage()]
+        assert unanswered and "no worker took the decommission within 2s" in unanswered[0]
+        api.gate.set()
+
+        async def finalized() -> bool:
+            return await get_order(stack, leaving) is None
+
+        await eventually(finalized, f"{leaving.key} decommissioned and its finalizer removed")
+    await patch_order(stack, invalid, {"metadata": {"finalizers": []}})
+    await delete_order(stack, invalid)
+
+
+async def _at_least(api: _HeldDecommission, count: int) -> bool:
+    return api.held >= count
+
+
 async def test_a_resync_heals_drift_back_to_a_state_seen_earlier_in_the_generation(stack: Stack) -> None:
     """The generation's apply came from 1 worker; a named scale-down whose order write was lost
     takes the workflow back to 1. The resync's update id is the one the server completed for that

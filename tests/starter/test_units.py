@@ -12,11 +12,12 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 import starter.api
 from activities.hub import order_facts
+from activities.kube import HubKube
 from contracts.hub import MANAGEMENT_STATE_ANNOTATION
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
@@ -24,7 +25,8 @@ from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, nod
 from starter import schemas
 from starter.api import StatusUnanswered, WorkersApi, WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
-from starter.controller import WorkQueue, apply_id
+from starter.controller import ClusterOrderController, WorkQueue, apply_id
+from starter.validation import InstanceTypeCatalog
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
 TYPES = ["bm-gpu", "bm-standard"]
@@ -238,6 +240,37 @@ async def test_the_work_queue_dedupes_and_never_hands_out_a_key_twice_at_once() 
     queue.add_after("c", 30)  # a later timer for the same key does not postpone the earlier one
     assert await asyncio.wait_for(queue.get(), 5) == ("c", True)
     queue.close()
+
+
+async def test_a_controller_stopped_in_an_update_the_sdk_reports_as_an_error_stops() -> None:
+    """The SDK turns a cancelled update call into its own error (an Exception, not a
+    CancelledError): a reconcile loop that counted it as a failed reconcile went on running, and
+    the controller's stop waited for it for good."""
+    catalog = cast(InstanceTypeCatalog, SimpleNamespace(client=None))
+    ctl = ClusterOrderController(cast(HubKube, None), cast(WorkersApi, None), catalog)
+    entered = asyncio.Event()
+
+    async def reconcile(key: str, *, full: bool = True) -> float | None:
+        first = not entered.is_set()
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as err:
+            if first:  # only once: a loop that goes on must still end at the test's teardown
+                raise WorkflowUpdateRPCTimeoutOrCancelledError() from err
+            raise
+        return None
+
+    ctl.reconcile = reconcile  # type: ignore[method-assign]
+    ctl._queue.add("ns/order")
+    loop = asyncio.create_task(ctl._work())
+    await asyncio.wait_for(entered.wait(), 30)
+    loop.cancel()
+    # Not wait_for: on its timeout it cancels again and waits, for good, on a loop that goes on.
+    done, _ = await asyncio.wait({loop}, timeout=10)
+    assert done, "the reconcile loop went on after it was cancelled"
+    assert loop.cancelled()
+    assert ctl.stats.errors == 0
 
 
 def test_the_schemas_in_the_repository_are_up_to_date() -> None:
