@@ -17,8 +17,9 @@ Seeded ids are stable across restarts (UUIDv5 of kind and name).
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
-from lab.fulfillment.catalog import Catalogs
+from lab.fulfillment.catalog import Catalogs, CatalogStore
 from lab.fulfillment.inventory import FABRIC_PORT, MANAGEMENT_PORT, NewHost
 from lab.fulfillment.models import (
     SYSTEM_TENANT,
@@ -173,19 +174,11 @@ def seed_catalogs(catalogs: Catalogs) -> None:
             ),
         )
     )
-    for name in SUBNETS:
-        catalogs.subnets.insert(
-            Subnet(
-                id=seeded_id("subnet", name),
-                metadata=_metadata(name),
-                spec=NetworkObjectSpec(virtual_network=VIRTUAL_NETWORK),
-            )
-        )
-    for name in SECURITY_GROUPS:
-        catalogs.security_groups.insert(
-            SecurityGroup(
-                id=seeded_id("security_group", name),
-                metadata=_metadata(name),
-                spec=NetworkObjectSpec(virtual_network=VIRTUAL_NETWORK),
-            )
-        )
+    networks: list[tuple[CatalogStore[Any], type[Subnet] | type[SecurityGroup], tuple[str, ...]]] = [
+        (catalogs.subnets, Subnet, SUBNETS),
+        (catalogs.security_groups, SecurityGroup, SECURITY_GROUPS),
+    ]
+    for store, model, names in networks:
+        for name in names:
+            spec = NetworkObjectSpec(virtual_network=VIRTUAL_NETWORK)
+            store.insert(model(id=seeded_id(store.kind, name), metadata=_metadata(name), spec=spec))
