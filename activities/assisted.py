@@ -81,6 +81,7 @@ from contracts.hub import (
     INFRAENV_LABEL,
     NO_PULL_SECRET,
     ORDER_LABEL,
+    OSAC_WORKER_NAME_LABEL,
     PULL_SECRET_FIELD,
     PULL_SECRET_KEY,
     REMOVING_LABEL,
@@ -1069,7 +1070,7 @@ class AssistedActivities:
         selector = nodepool_selector(await self._read_nodepool(input.nodepool))
         ref = input.agent
         slot_label = label_value(input.worker)
-        wanted_labels = {**selector, WORKER_LABEL: slot_label}
+        wanted_labels = {**selector, WORKER_LABEL: slot_label, OSAC_WORKER_NAME_LABEL: slot_label}
         spec: dict[str, Any] = {"approved": True, "role": "worker"}
         if input.hostname:
             spec["hostname"] = input.hostname

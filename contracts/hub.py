@@ -28,6 +28,8 @@ ORDER_LABEL = "osac.openshift.io/clusterorder"
 RESOURCE_CLASS_LABEL = "osac.openshift.io/resource_class"
 # Names the worker slot an Agent was handed to (so an operator can tell which slot owns a host).
 WORKER_LABEL = "osac.openshift.io/worker"
+# The same, under the key OSAC's own bare-metal worker reconciler and its runbooks use.
+OSAC_WORKER_NAME_LABEL = "osac.openshift.io/worker-name"
 # An Agent on its way out: it no longer counts towards its NodePool's replicas.
 REMOVING_LABEL = "osac.openshift.io/removing"
 INFRAENV_LABEL = "infraenvs.agent-install.openshift.io"

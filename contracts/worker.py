@@ -167,7 +167,8 @@ class TimingPolicy(BaseModel):
 
     agent_registration_timeout: timedelta = timedelta(minutes=30)
     agent_install_timeout: timedelta = timedelta(minutes=60)
-    agent_unbinding_timeout: timedelta = timedelta(minutes=10)
+    # OSAC's reconciler waits 30 min for an unbinding Agent before it says AgentUnbindingTimeout.
+    agent_unbinding_timeout: timedelta = timedelta(minutes=30)
     # A BMI not running by then (stuck provisioning, starting or stopped) fails its attempt
     # (BMIProvisioningFailed): its host is released, wiped and another one tried.
     bmi_running_timeout: timedelta = Field(default=timedelta(minutes=60), gt=timedelta(0))

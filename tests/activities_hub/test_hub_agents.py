@@ -290,6 +290,7 @@ async def test_hand_off_applies_the_nodepools_selector_and_never_binds(api, api_
     labels = agent["metadata"]["labels"]
     assert {k: labels.get(k) for k in SELECTOR} == SELECTOR
     assert labels["osac.openshift.io/worker"] == "order-1-worker-0"
+    assert labels["osac.openshift.io/worker-name"] == "order-1-worker-0"  # OSAC's own key
     assert agent["spec"]["approved"] is True and agent["spec"]["role"] == "worker"
     assert agent["spec"]["hostname"] == "order-1-worker-0"
     assert "clusterDeploymentName" not in agent["spec"]
