@@ -345,8 +345,7 @@ class ClusterOrderController:
                 if delay is not None:
                     self._queue.add_after(key, delay)
             except Exception as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if _being_cancelled():
                     # Stopped meanwhile: the SDK turns a cancelled update call into an error of its
                     # own, and carrying on would keep this loop, and the controller's stop, going.
                     raise asyncio.CancelledError from exc
@@ -360,6 +359,10 @@ class ClusterOrderController:
                 self._queue.add_after(key, delay)
             finally:
                 self._queue.done(key)
+            if _being_cancelled():
+                # A cancel that came as the call finished can be lost on the way (wait_for then
+                # returns the result): still a stop.
+                raise asyncio.CancelledError
 
     async def _health_loop(self, path: Path) -> None:
         while True:
@@ -585,12 +588,18 @@ class ClusterOrderController:
     async def _answered_in_time(self, call: Awaitable[T], ref: OrderRef, what: str) -> T:
         """`call`, an update the SDK would wait for for good (holding a reconcile slot), given up
         after the apply timeout as ChangeUnanswered."""
+        sent = asyncio.ensure_future(call)
+        # A stop cancels the call and leaves its error (the SDK's own, below) to nobody: retrieved
+        # here, so asyncio does not log it as an ERROR when it is collected.
+        sent.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
-            return await asyncio.wait_for(call, self._apply_timeout)
-        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            return await asyncio.wait_for(sent, self._apply_timeout)
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError) as err:
             # The SDK turns the cancellation `wait_for` sends at the timeout into its own error,
-            # which `wait_for` passes on instead of TimeoutError (a cancel of this reconcile from
-            # outside still arrives as CancelledError).
+            # which `wait_for` passes on instead of TimeoutError. A cancel of this reconcile from
+            # outside is a stop, whichever form it arrives in.
+            if _being_cancelled():
+                raise asyncio.CancelledError from err
             raise ChangeUnanswered(
                 f"order {ref.key}: no worker took the {what} within {self._apply_timeout:g}s (workers"
                 f" down, or polling another task queue than {self._api.task_queue!r})"
@@ -815,6 +824,11 @@ class ClusterOrderController:
             self._queue.add(key, True)
 
         self._finish_waiters[key] = asyncio.create_task(wait(), name=f"finished-{key}")
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _bare_metal(facts: OrderFacts) -> bool:

@@ -91,15 +91,13 @@ class CatalogStore(Generic[R]):
         obj = self._objects.get(object_id)
         return obj if obj is not None and self._visible_to(obj, caller) else None
 
-    def by_name(self, name: str, caller: Caller) -> R | None:
-        return next((o for o in self.visible(caller) if o.metadata.name == name), None)
+    def named(self, name: str, caller: Caller) -> list[R]:
+        """Every object of that name the caller sees (names are unique per tenant and project)."""
+        return [o for o in self.visible(caller) if o.metadata.name == name]
 
     def find(self, ref: str, caller: Caller) -> R | None:
         """By id, else by name (the way BMIs reference instance types and images)."""
-        obj = self._objects.get(ref)
-        if obj is None:
-            obj = next((o for o in self._objects.values() if o.metadata.name == ref), None)
-        return obj if obj is not None and self._visible_to(obj, caller) else None
+        return self.by_id(ref, caller) or next(iter(self.named(ref, caller)), None)
 
     def render(self, obj: R, caller: Caller) -> dict[str, Any]:
         data = render(obj)

@@ -335,19 +335,23 @@ class InstanceService:
 
 
 def _resolved(store: CatalogStore[Any], ref: NamedReference, field: str, caller: Caller) -> NamedReference:
-    """`ref` as the real service stores a resolved reference, `{id, name}`; one naming nothing, or
-    no object of the store's kind, is refused (InvalidArgument, naming the field)."""
-    if not (ref.id or ref.name):
+    """`ref` resolved to `{id, name}`: by its id (a name beside it must be that object's), else by
+    its name, which must name exactly one object the caller sees (names are unique per tenant and
+    project only). Anything else is refused (InvalidArgument, naming the field)."""
+    if ref.id:
+        found = store.by_id(ref.id, caller)
+        if found is not None and ref.name and found.metadata.name != ref.name:
+            raise ApiError.invalid(
+                field, f"{store.kind} '{ref.id}' is named '{found.metadata.name}', not '{ref.name}'"
+            )
+    elif ref.name:
+        named = store.named(ref.name, caller)
+        if len(named) > 1:
+            raise ApiError.invalid(field, f"{len(named)} {store.kind}s are named '{ref.name}'; give its id")
+        found = named[0] if named else None
+    else:
         raise ApiError.invalid(field, "names no object (neither id nor name)")
-    by_id = store.by_id(ref.id, caller) if ref.id else None
-    by_name = store.by_name(ref.name, caller) if ref.name else None
-    found = by_id or by_name
-    if (
-        found is None
-        or (ref.id and by_id is None)
-        or (ref.name and by_name is None)
-        or (by_id is not None and by_name is not None and by_id.id != by_name.id)
-    ):
-        shown = ", ".join(f"{k} '{v}'" for k, v in (("id", ref.id), ("name", ref.name)) if v)
+    if found is None:
+        shown = f"id '{ref.id}'" if ref.id else f"name '{ref.name}'"
         raise ApiError.invalid(field, f"no {store.kind} with {shown}")
     return NamedReference(id=found.id, name=found.metadata.name)

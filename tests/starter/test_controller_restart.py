@@ -411,7 +411,8 @@ async def test_a_decommission_no_worker_takes_does_not_hold_the_other_orders_bac
         refused = await wait_condition(stack, invalid, "NodeRequestsValid", "False")
         assert "'bm-nope'" in refused["message"]
         unanswered = [r.getMessage() for r in caplog.records if "failed (ChangeUnanswered" in r.getMessage()]
-        assert unanswered and "no worker took the decommission within 2s" in unanswered[0]
+        # (The order's first change may have been given up once too, on a loaded machine.)
+        assert any("no worker took the decommission within 2s" in m for m in unanswered), unanswered
         api.gate.set()
 
         async def finalized() -> bool:

@@ -146,6 +146,17 @@ def test_network_references_resolve_by_id_or_name_and_are_stored_with_both(admin
         {"id": groups["sg-open"], "name": "sg-open"},
         {"id": groups["sg-1"], "name": "sg-1"},
     ]
+    # A name two tenants both use names no one object: its id does.
+    other = admin.post(
+        "/api/private/v1/subnets", json={"metadata": {"name": "subnet-a", "tenant": "tenant-b"}, "spec": {}}
+    )
+    assert other.status_code == 200, other.text
+    expect_invalid(
+        admin.post(BMI, json=body_with("w-2", spec__network_attachments=[{"subnet": {"name": "subnet-a"}}])),
+        "spec.network_attachments[0].subnet",
+    )
+    by_id = {"subnet": {"id": subnet["id"], "name": "subnet-a"}}
+    assert admin.post(BMI, json=body_with("w-3", spec__network_attachments=[by_id])).status_code == 200
     # An id and a name of two different objects name nothing.
     mixed = {"security_groups": [{"id": groups["sg-open"], "name": "sg-1"}]}
     expect_invalid(
