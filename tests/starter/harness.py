@@ -264,6 +264,23 @@ async def terminate_cluster_workflow(stack: Stack, ref: OrderRef) -> None:
     )
 
 
+async def runs_of(stack: Stack, ref: OrderRef) -> str:
+    """Every run of the order's workflow id: how it started (who, continued from which run) and how
+    it ended, for a failure message to say what started an unexpected run."""
+    lines = []
+    async for listed in stack.client.list_workflows(f"WorkflowId = '{cluster_workflow_id(ref)}'"):
+        history = await stack.client.get_workflow_handle(listed.id, run_id=listed.run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        last = history.events[-1]
+        lines.append(
+            f"run {listed.run_id} {listed.status.name if listed.status else '?'} started {listed.start_time}"
+            f" by {started.identity!r} (continued from {started.continued_execution_run_id or '-'},"
+            f" initiator {started.initiator}); last event {EventType.Name(last.event_type)} at"
+            f" {last.event_time.ToDatetime()}"
+        )
+    return "\n".join(lines)
+
+
 async def purge_cluster_workflow(stack: Stack, ref: OrderRef) -> None:
     """The order's workflow record deleted, as retention deletes a closed run's."""
     request = DeleteWorkflowExecutionRequest(

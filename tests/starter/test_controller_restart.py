@@ -30,6 +30,7 @@ from tests.starter.harness import (
     release_hosts,
     remove_condition,
     run_id,
+    runs_of,
     start_controller,
     terminate_cluster_workflow,
     update_names,
@@ -333,7 +334,8 @@ async def test_a_run_terminated_while_a_change_goes_out_is_not_replaced(stack: S
 
         reconciles = running.controller.stats.reconciles
         await eventually(terminated_and_looked_at_again, "the run terminated and 3 more reconciles")
-        assert await workflow_state(stack, order) == WorkflowState.TERMINATED, "a new run was started"
+        state = await workflow_state(stack, order)
+        assert state == WorkflowState.TERMINATED, f"a new run was started:\n{await runs_of(stack, order)}"
         assert await run_id(stack, order) == original_run
         stopped = await wait_condition(stack, order, "WorkersWorkflowStopped", "True")
         assert stopped["reason"] == WorkflowState.TERMINATED.value
