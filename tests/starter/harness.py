@@ -143,6 +143,12 @@ async def new_namespace(stack: Stack) -> str:
     return namespace
 
 
+def order_name() -> str:
+    """A fresh order name: a test that must tell its order from the others a controller watches
+    (every earlier test's orders too) picks it before the order exists."""
+    return f"o{uuid.uuid4().hex[:8]}"
+
+
 async def create_order(
     stack: Stack,
     node_requests: list[dict[str, Any]],
@@ -154,7 +160,7 @@ async def create_order(
 ) -> OrderRef:
     """`name`: any name the hub takes (unchecked here: a test of a name we refuse needs one)."""
     ref = OrderRef.model_construct(
-        namespace=namespace or await new_namespace(stack), name=name or f"o{uuid.uuid4().hex[:8]}"
+        namespace=namespace or await new_namespace(stack), name=name or order_name()
     )
     body = order_body(ref, node_requests, annotations=annotations, finalizers=finalizers)
     response = await stack.hub_http.post(ORDER_PATH.format(namespace=ref.namespace), json=body)

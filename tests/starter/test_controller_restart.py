@@ -25,6 +25,7 @@ from tests.starter.harness import (
     delete_order,
     finalizers,
     get_order,
+    order_name,
     patch_order,
     purge_cluster_workflow,
     release_hosts,
@@ -89,11 +90,13 @@ async def test_two_controllers_and_restarts_never_start_a_second_workflow_or_dou
 
 
 class _EditedDuringApply:
-    """The library API, except that as the controller's apply of generation 2 returns, the tenant
-    edits the order again (generation 3), before the controller writes its condition."""
+    """The library API, except that as the controller's apply of generation 2 of order `name`
+    returns, the tenant edits the order again (generation 3), before the controller writes its
+    condition. (The controller also looks at every earlier test's orders.)"""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, name: str) -> None:
         self._stack = stack
+        self._name = name
         self.edited = False
 
     def __getattr__(self, name: str) -> Any:
@@ -101,7 +104,7 @@ class _EditedDuringApply:
 
     async def apply(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
         result = await self._stack.api.apply(order, *args, **kwargs)
-        if kwargs.get("order_generation") == 2 and not self.edited:
+        if order.name == self._name and kwargs.get("order_generation") == 2 and not self.edited:
             self.edited = True
             await patch_order(self._stack, order, {"spec": {"sshPublicKey": NEW_KEY}})
         return result
@@ -110,9 +113,10 @@ class _EditedDuringApply:
 async def test_an_edit_made_while_the_previous_one_is_applied_is_applied_too(stack: Stack) -> None:
     """The condition written after an apply names the generation applied, not the order's
     generation at the time of the write: an edit in between is still to be applied, and it is."""
-    api = _EditedDuringApply(stack)
+    name = order_name()
+    api = _EditedDuringApply(stack, name)
     async with controller(stack, api=cast(WorkersApi, api), resync_seconds=2.0):
-        order = await create_order(stack, bare_metal(bm_standard=1))
+        order = await create_order(stack, bare_metal(bm_standard=1), name=name)
         await wait_ready(stack, order, 1)
         await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
 
@@ -137,11 +141,12 @@ async def _key_in_infraenv(stack: Stack, order: OrderRef) -> bool:
 
 
 class _GatedApply:
-    """The library API, except that an apply waits at a gate: a controller that has added its
-    finalizer and is about to start the workflow."""
+    """The library API, except that an apply of order `name` waits at a gate: a controller that has
+    added its finalizer and is about to start the workflow."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, name: str) -> None:
         self._stack = stack
+        self._name = name
         self.entered = asyncio.Event()
         self.gate = asyncio.Event()
 
@@ -149,8 +154,9 @@ class _GatedApply:
         return getattr(self._stack.api, name)
 
     async def apply(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
-        self.entered.set()
-        await self.gate.wait()
+        if order.name == self._name:
+            self.entered.set()
+            await self.gate.wait()
         return await self._stack.api.apply(order, *args, **kwargs)
 
 
@@ -160,10 +166,11 @@ async def test_a_start_landing_after_another_controller_finalized_the_order_is_d
     """Controller A adds the finalizer and is about to start the workflow; the tenant deletes the
     order; controller B finds no workflow and no host, and removes the finalizer; the order goes.
     Then A's start lands: A itself must decommission what it started (no event will come)."""
-    api = _GatedApply(stack)
+    name = order_name()
+    api = _GatedApply(stack, name)
     first = await start_controller(stack, api=cast(WorkersApi, api), apply_timeout_seconds=GATED)
     try:
-        order = await create_order(stack, bare_metal(bm_standard=1), finalizers=[OSAC_FINALIZER])
+        order = await create_order(stack, bare_metal(bm_standard=1), finalizers=[OSAC_FINALIZER], name=name)
 
         async def starting() -> bool:
             return api.entered.is_set()
@@ -197,12 +204,13 @@ async def test_a_start_landing_after_another_controller_finalized_the_order_is_d
 
 
 class _HeldApply:
-    """The library API, except that the apply of one generation waits at a gate: a controller that
-    decided on it and is slow to send it (a rolling update's old replica, say)."""
+    """The library API, except that the apply of one generation of order `name` waits at a gate: a
+    controller that decided on it and is slow to send it (a rolling update's old replica, say)."""
 
-    def __init__(self, stack: Stack, generation: int) -> None:
+    def __init__(self, stack: Stack, generation: int, name: str) -> None:
         self._stack = stack
         self._generation = generation
+        self._name = name
         self.entered = asyncio.Event()
         self.gate = asyncio.Event()
         self.refused = 0
@@ -211,13 +219,15 @@ class _HeldApply:
         return getattr(self._stack.api, name)
 
     async def apply(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("order_generation") == self._generation and not self.gate.is_set():
+        held = order.name == self._name and kwargs.get("order_generation") == self._generation
+        if held and not self.gate.is_set():
             self.entered.set()
             await self.gate.wait()
         try:
             return await self._stack.api.apply(order, *args, **kwargs)
         except ChangedMeanwhile:
-            self.refused += 1
+            if order.name == self._name:
+                self.refused += 1
             raise
 
 
@@ -225,10 +235,11 @@ async def test_an_older_generation_sent_late_does_not_undo_a_newer_one(stack: St
     """Controller A decided on generation 2 and is slow to send it; controller B applies generation
     3 meanwhile. A's late change is refused by the workflow (it was decided on node sets that are
     gone), A looks again and finds 3 applied: the workflow keeps 3, and the order says 3."""
-    held = _HeldApply(stack, generation=2)
+    name = order_name()
+    held = _HeldApply(stack, generation=2, name=name)
     slow = await start_controller(stack, api=cast(WorkersApi, held), apply_timeout_seconds=GATED)
     try:
-        order = await create_order(stack, bare_metal(bm_standard=1))
+        order = await create_order(stack, bare_metal(bm_standard=1), name=name)
         await wait_condition(stack, order, "NodeRequestsValid", "True")
         await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
         await held.entered.wait()
@@ -260,10 +271,11 @@ async def test_a_first_start_sent_late_does_not_undo_the_one_that_started_the_ru
     """Controller A saw no workflow for generation 1 and is slow to start it; controller B starts
     the run with generation 2. A's late start reaches B's run (conflict policy USE_EXISTING): it was
     decided on a workflow with no node sets, so it is refused, and A finds generation 2 applied."""
-    held = _HeldApply(stack, generation=1)
+    name = order_name()
+    held = _HeldApply(stack, generation=1, name=name)
     slow = await start_controller(stack, api=cast(WorkersApi, held), apply_timeout_seconds=GATED)
     try:
-        order = await create_order(stack, bare_metal(bm_standard=1))
+        order = await create_order(stack, bare_metal(bm_standard=1), name=name)
         await held.entered.wait()
         await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=2)}})
         async with controller(stack):
@@ -295,8 +307,9 @@ class _TerminatedAfterStatus:
     the controller read its status: the controller decided on a running workflow that is closed by
     the time its change goes out."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, name: str) -> None:
         self._stack = stack
+        self._name = name
         self.armed = False
         self.terminated = False
 
@@ -305,7 +318,8 @@ class _TerminatedAfterStatus:
 
     async def status(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
         result = await self._stack.api.status(order, *args, **kwargs)
-        if self.armed:
+        # Only the test's order: the controller's resyncs look at every earlier test's orders too.
+        if self.armed and order.name == self._name:
             self.armed = False
             await terminate_cluster_workflow(self._stack, order)
             self.terminated = True
@@ -316,11 +330,12 @@ async def test_a_run_terminated_while_a_change_goes_out_is_not_replaced(stack: S
     """A run terminated between the controller's look and its update-with-start stays stopped: a
     new run would number its slots from 0 and tell the stopped run's worker, which holds its host,
     to leave. The order says WorkersWorkflowStopped, as for a run terminated at any other time."""
-    api = _TerminatedAfterStatus(stack)
+    name = order_name()
+    api = _TerminatedAfterStatus(stack, name)
     async with controller(
         stack, api=cast(WorkersApi, api), resync_seconds=2.0, apply_timeout_seconds=GATED
     ) as running:
-        order = await create_order(stack, bare_metal(bm_standard=1))
+        order = await create_order(stack, bare_metal(bm_standard=1), name=name)
         await wait_ready(stack, order, 1)
         await wait_condition(stack, order, "NodeRequestsValid", "True")
         original_run = await run_id(stack, order)
@@ -382,8 +397,9 @@ class _HeldDecommission:
     """The library API, except that a decommission waits at a gate before it goes out: a worker
     that answered the controller's status query and then stopped taking updates."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, name: str) -> None:
         self._stack = stack
+        self._name = name
         self.gate = asyncio.Event()
         self.held = 0
 
@@ -391,8 +407,9 @@ class _HeldDecommission:
         return getattr(self._stack.api, name)
 
     async def decommission(self, order: OrderRef, *args: Any, **kwargs: Any) -> Any:
-        self.held += 1
-        await self.gate.wait()
+        if order.name == self._name:
+            self.held += 1
+            await self.gate.wait()
         return await self._stack.api.decommission(order, *args, **kwargs)
 
 
@@ -403,9 +420,10 @@ async def test_a_decommission_no_worker_takes_does_not_hold_the_other_orders_bac
     counted reconcile, retried) like a change, so the next order is still looked at; once a worker
     takes it, the order's finalizer goes."""
     caplog.set_level(logging.WARNING, logger="osac.controller")
-    api = _HeldDecommission(stack)
+    name = order_name()
+    api = _HeldDecommission(stack, name)
     async with controller(stack, api=cast(WorkersApi, api), concurrency=1, apply_timeout_seconds=2.0):
-        leaving = await create_order(stack, bare_metal(bm_standard=0))
+        leaving = await create_order(stack, bare_metal(bm_standard=0), name=name)
         await wait_condition(stack, leaving, "NodeRequestsValid", "True")
         await delete_order(stack, leaving)
         await eventually(lambda: _at_least(api, 2), "the decommission sent twice (the first given up)")
