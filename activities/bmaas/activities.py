@@ -681,8 +681,8 @@ def _wait_progress(bmi_id: str, obs: Observed, streaming: bool) -> WaitProgress:
 
 def _reference(ref: str) -> dict[str, str]:
     # The order's `subnetRef` and `securityGroupRefs` are Subnet and SecurityGroup CR names (the
-    # CRD), so BMaaS is asked to resolve them by name, as OSAC's own worker reconciler does; it
-    # stores the resolved reference as `{id, name}`.
+    # CRD), so BMaaS is asked to resolve them by name, as OSAC's own worker reconciler does; what it
+    # lists back (as sent, or resolved to `{id, name}`) is compared by name.
     return {"name": ref}
 
 
