@@ -94,6 +94,19 @@ NON_RETRYABLE_ERRORS: frozenset[BmaasErrorType] = frozenset(
         BmaasErrorType.IGNITION_TOO_LARGE,
     }
 )
+# Retried errors that say BMaaS is not serving the worker (down, unreachable, answering garbage,
+# refusing or lacking its token): kept up, they are shown on the order. The other retried ones are
+# waits (a BMI still being deleted) or contention (a version conflict).
+NOT_SERVING_ERRORS: frozenset[BmaasErrorType] = frozenset(
+    {
+        BmaasErrorType.UNAVAILABLE,
+        BmaasErrorType.TRANSPORT,
+        BmaasErrorType.PROTOCOL,
+        BmaasErrorType.TOKEN_UNAVAILABLE,
+        BmaasErrorType.UNAUTHENTICATED,
+        BmaasErrorType.PERMISSION_DENIED,
+    }
+)
 
 
 # ---------------------------------------------------------------------------------------------

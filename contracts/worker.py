@@ -94,6 +94,13 @@ class WorkerStatus(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+class FailingRequests(BaseModel):
+    """A backend request retried for a while without an answer: shown on the order until answered
+    (the errors themselves are for ops: the worker's log and its activity's failures)."""
+
+    since: datetime
+
+
 class WorkerReport(BaseModel):
     """A worker's status change for its cluster workflow: signalled by the worker workflow, or
     delivered by the activity that starts (or ends) the phase, which keeps the signal out of the
@@ -105,6 +112,8 @@ class WorkerReport(BaseModel):
     # retried activity's zombie attempt, say); the cluster workflow keeps the highest. 0: unnumbered,
     # from a worker started before reports were numbered, always taken.
     sequence: int = Field(default=0, ge=0)
+    # A BMaaS request of the worker's that keeps failing (None: none, or a worker from before).
+    bmaas_failing: FailingRequests | None = None
 
 
 class WorkerReports(BaseModel):
@@ -145,6 +154,7 @@ _POSITIVE = (
     "ready_host_check",
     "call_timeout",
     "wait_heartbeat_timeout",
+    "bmaas_failing_shown_after",
 )
 _NOT_NEGATIVE = (
     "transient_backoff",
@@ -203,6 +213,9 @@ class TimingPolicy(BaseModel):
     # A wait that has not heartbeated for this long is handed to another worker: how soon the waits
     # of a worker that died move on. The waits heartbeat every third of it (activities.heartbeats).
     wait_heartbeat_timeout: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0))
+    # A BMaaS request still failing once its retries' backoffs add up to this (an outage, a hung
+    # gateway) is shown on the order (FulfillmentServiceUnavailable) while it is retried.
+    bmaas_failing_shown_after: timedelta = Field(default=timedelta(minutes=2), gt=timedelta(0))
 
     def problems(self) -> list[str]:
         """Values a started workflow could not live with, one line each naming the field: a zero

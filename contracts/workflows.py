@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from contracts.hub import AgentMatch, Condition, EventInput, HubErrorType, OrderFacts, PullSecretRefusal
 from contracts.refs import DNS_LABEL, ClusterReference, NetworkAttachmentRef, OrderRef
 from contracts.worker import (  # noqa: F401  (WorkerReport(s): the signals' payloads, re-exported)
+    FailingRequests,
     FailureReason,
     TimingPolicy,
     WorkerPhase,
@@ -238,6 +239,8 @@ class WorkerProgress(BaseModel):
     # A failed attempt's release under way: a release can outlast a run (a drain that hangs), so the
     # next run finishes it, then backs off from this failure before the next attempt.
     releasing_failed_attempt: FailedAttempt | None = None
+    # A BMaaS request of the current step that keeps failing; reported until it is answered.
+    bmaas_failing: FailingRequests | None = None
 
 
 class WorkerRevision(IntEnum):
@@ -307,6 +310,7 @@ class SlotRecord(BaseModel):
     named_for_removal: bool = False
     deleted: bool = False
     report_sequence: int = 0  # the highest WorkerReport.sequence taken
+    bmaas_failing: FailingRequests | None = None  # as the worker last reported
 
 
 class ClusterWorkersCarried(BaseModel):

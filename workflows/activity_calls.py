@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+from temporalio.exceptions import TimeoutError as ActivityTimedOut
 from temporalio.workflow import ActivityCancellationType
 
+from contracts.bmaas import NOT_SERVING_ERRORS
 from contracts.worker import TimingPolicy
 
 T = TypeVar("T")
@@ -26,6 +30,31 @@ WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval
 WAIT_LIMIT = timedelta(days=365)
 
 
+def attempts_before_shown(shown_after: timedelta) -> int:
+    """How many attempts CALL_RETRY makes before the backoffs between them add up to `shown_after`:
+    a call given that many returns to its workflow, which shows that it keeps failing and calls again."""
+    waited, interval, attempts = timedelta(0), CALL_RETRY.initial_interval, 1
+    assert CALL_RETRY.maximum_interval is not None
+    while waited < shown_after:
+        waited += min(interval, CALL_RETRY.maximum_interval)
+        interval *= CALL_RETRY.backoff_coefficient
+        attempts += 1
+    return attempts
+
+
+def ran_out_of_attempts(err: ActivityError) -> bool:
+    """The call ended on an error it would have retried: it was given too few attempts to outlast it."""
+    return err.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED
+
+
+def bmaas_not_serving(err: ActivityError) -> bool:
+    """The last attempt of a BMaaS call timed out, or failed for BMaaS not serving (NOT_SERVING_ERRORS)."""
+    cause = err.cause
+    if isinstance(cause, ActivityTimedOut):
+        return True
+    return isinstance(cause, ApplicationError) and cause.type in {t.value for t in NOT_SERVING_ERRORS}
+
+
 async def call_activity(
     name: str,
     arg: Any,
@@ -36,13 +65,17 @@ async def call_activity(
     wait: bool = False,
     task_queue: str | None = None,
     local: bool = False,
+    attempts: int = 0,
 ) -> T:
     """Execute an activity by name. A cancelled call returns only once the activity has stopped,
     so teardown never races a create that is still running. `local`: a short call run by the
     workflow's own worker, recorded as one marker instead of three events and a workflow task.
-    `policy` gives one attempt's timeout (calls) or the heartbeat timeout (waits)."""
+    `policy` gives one attempt's timeout (calls) or the heartbeat timeout (waits). `attempts`: a
+    call's limit (0: none), after which it fails with the last attempt's error (`ran_out_of_attempts`)."""
     if local:
-        assert not wait and task_queue is None, "a local activity is short and runs on the workflow's queue"
+        assert not wait and task_queue is None and not attempts, (
+            "a local activity is short, on the workflow's queue"
+        )
         local_result: T = await workflow.execute_local_activity(
             name,
             arg,
@@ -61,7 +94,7 @@ async def call_activity(
         task_queue=task_queue,
         start_to_close_timeout=WAIT_LIMIT if wait else policy.call_timeout,
         heartbeat_timeout=policy.wait_heartbeat_timeout if wait else None,
-        retry_policy=WAIT_RETRY if wait else CALL_RETRY,
+        retry_policy=WAIT_RETRY if wait else dataclasses.replace(CALL_RETRY, maximum_attempts=attempts),
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         summary=summary,
     )

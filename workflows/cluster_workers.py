@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
         WaitClusterReferenceInput,
     )
     from contracts.refs import ClusterReference
-    from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
+    from contracts.worker import FailingRequests, FailureReason, WorkerPhase, WorkerStatus
     from contracts.workflows import (
         CURRENT_WORKER_REVISION,
         LEAVING_PHASES,
@@ -84,7 +84,13 @@ with workflow.unsafe.imports_passed_through():
         node_set_problem,
         worker_workflow_id,
     )
-    from workflows.activity_calls import CALL_RETRY, call_activity
+    from workflows.activity_calls import (
+        CALL_RETRY,
+        attempts_before_shown,
+        bmaas_not_serving,
+        call_activity,
+        ran_out_of_attempts,
+    )
     from workflows.metrics import record_order_counts
     from workflows.search_attributes import OSAC_CLUSTER_ORDER, worker_start_attributes
     from workflows.worker_node import WorkerNodeWorkflow
@@ -99,6 +105,9 @@ CARRIED_EVENTS_MAX = 500
 RELEASE_IMAGE_UNKNOWN = "ReleaseImageUnknown"
 # A prerequisite's request was refused for good (not a missing input of the order): asked again.
 REQUEST_REFUSED = "RequestRefused"
+# FulfillmentServiceUnavailable's reasons: BMaaS calls keep failing (retried) / none does.
+REQUESTS_FAILING = "RequestsFailing"
+AVAILABLE = "Available"
 # How far a restarted worker's report numbers start above the last its stopped run delivered.
 RESTART_REPORT_GAP = 1000
 
@@ -273,6 +282,11 @@ class ClusterWorkersWorkflow:
         self._publisher: asyncio.Future[None] | None = None
         for condition in carried.conditions:
             self._conditions[OrderConditionType(condition.type)] = condition
+        # This run's BMaaS calls that keep failing, by call number (the workers' are in their slots).
+        self._bmaas_calls = 0
+        self._bmaas_failing: dict[int, FailingRequests] = {}
+        # What the previous run showed of its own calls is not known to be true any more.
+        self._show_bmaas_failing()
         # While the order's pull secret is refused (the last ensure kept the Secret the image was
         # built with): what InfraEnvReady=True says instead of ImageCreated.
         self._pull_secret_note = carried.pull_secret_note
@@ -431,6 +445,9 @@ class ClusterWorkersWorkflow:
             self._infraenv_missing = True
         slot.status = report.status
         slot.deleted = slot.deleted or report.deleted
+        if slot.bmaas_failing != report.bmaas_failing or report.deleted:
+            slot.bmaas_failing = None if report.deleted else report.bmaas_failing
+            self._show_bmaas_failing()
         if (
             report.status.phase in LEAVING_PHASES
             and not slot.scale_down_sent
@@ -574,7 +591,7 @@ class ClusterWorkersWorkflow:
                 )
                 if OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE in self._conditions:
                     self._set_condition(
-                        OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE, ConditionStatus.FALSE, "Available"
+                        OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE, ConditionStatus.FALSE, AVAILABLE
                     )
                 break
             except ActivityError as err:
@@ -1645,14 +1662,61 @@ class ClusterWorkersWorkflow:
         return sorted(self._slots.values(), key=lambda s: s.spec.index)
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
-        return await call_activity(
-            name.value,
-            arg,
-            result_type,
-            policy=self._input.policy,
-            summary=summary,
-            task_queue=self._input.bmaas_task_queue,
-        )
+        """A BMaaS call, retried until answered; one that keeps failing shows the order's condition."""
+        attempts = attempts_before_shown(self._input.policy.bmaas_failing_shown_after)
+        self._bmaas_calls += 1
+        call, began = self._bmaas_calls, workflow.now()
+        try:
+            while True:
+                try:
+                    return await call_activity(
+                        name.value,
+                        arg,
+                        result_type,
+                        policy=self._input.policy,
+                        summary=summary,
+                        task_queue=self._input.bmaas_task_queue,
+                        attempts=attempts,
+                    )
+                except ActivityError as err:
+                    if not ran_out_of_attempts(err):
+                        raise
+                    if not bmaas_not_serving(err):  # answered, with a wait
+                        began = workflow.now()
+                        if self._bmaas_failing.pop(call, None) is not None:
+                            self._show_bmaas_failing()
+                    else:
+                        workflow.logger.warning(
+                            "BMaaS keeps failing %s, retrying: %s", name.value, err.cause or err
+                        )
+                        if call not in self._bmaas_failing:
+                            self._bmaas_failing[call] = FailingRequests(since=began)
+                            self._show_bmaas_failing()
+        finally:
+            if self._bmaas_failing.pop(call, None) is not None:
+                self._show_bmaas_failing()
+
+    def _show_bmaas_failing(self) -> None:
+        """FulfillmentServiceUnavailable while a BMaaS call of the order or of a worker keeps failing;
+        False once none does (a refusal shown while preparing is that step's to clear)."""
+        workers = [s.bmaas_failing for s in self._ordered_slots() if s.bmaas_failing and not s.deleted]
+        failing = sorted([*workers, *self._bmaas_failing.values()], key=lambda f: f.since)
+        shown = self._conditions.get(OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE)
+        if failing:
+            whose = [f"for {len(workers)} worker(s)"] if workers else []
+            if self._bmaas_failing:
+                whose.append("for the order")
+            self._set_condition(
+                OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE,
+                ConditionStatus.TRUE,
+                REQUESTS_FAILING,
+                f"The bare-metal service has not answered requests {' and '.join(whose)} since"
+                f" {failing[0].since.strftime('%Y-%m-%dT%H:%M:%SZ')}; they are retried until it does.",
+            )
+        elif shown is not None and shown.reason == REQUESTS_FAILING:
+            self._set_condition(
+                OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE, ConditionStatus.FALSE, AVAILABLE
+            )
 
     async def _hub(
         self,

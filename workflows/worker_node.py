@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.worker import (
         TENANT_MESSAGES,
         CarriesReport,
+        FailingRequests,
         FailureReason,
         ReportDelivery,
         TimingPolicy,
@@ -70,7 +71,12 @@ with workflow.unsafe.imports_passed_through():
         WorkerReport,
         WorkerRevision,
     )
-    from workflows.activity_calls import call_activity
+    from workflows.activity_calls import (
+        attempts_before_shown,
+        bmaas_not_serving,
+        call_activity,
+        ran_out_of_attempts,
+    )
     from workflows.metrics import record_correlation_duration, record_provisioning_duration
     from workflows.search_attributes import (
         OSAC_ATTEMPT,
@@ -877,6 +883,10 @@ class WorkerNodeWorkflow:
         progress.status.phase = phase
         self._publish_phase(phase)
         workflow.set_current_details(f"{phase.value} (attempt {progress.status.attempt_count})")
+        self._note_change(delivered=delivered)
+
+    def _note_change(self, delivered: WorkerReport | None = None) -> None:
+        """A change to report, sent with the next report (`delivered`: already sent by an activity)."""
         if self._reports_by_activities:
             self._status_changed(delivered=delivered)
         else:
@@ -906,6 +916,7 @@ class WorkerNodeWorkflow:
             status=progress.status.model_copy(update=status, deep=True),
             deleted=deleted,
             sequence=progress.report_sequence + 1,
+            bmaas_failing=progress.bmaas_failing,
         )
 
     def _status_changed(self, deleted: bool = False, delivered: WorkerReport | None = None) -> None:
@@ -954,7 +965,11 @@ class WorkerNodeWorkflow:
         """WorkerRevision.SIGNALLED_REPORTS: every report a signal of its own, unnumbered."""
         assert self._progress is not None
         await self._send_report(
-            WorkerReport(status=self._progress.status.model_copy(deep=True), deleted=deleted)
+            WorkerReport(
+                status=self._progress.status.model_copy(deep=True),
+                deleted=deleted,
+                bmaas_failing=self._progress.bmaas_failing,
+            )
         )
 
     async def _send_report(self, report: WorkerReport) -> None:
@@ -1004,6 +1019,56 @@ class WorkerNodeWorkflow:
         report_on_success: WorkerReport | None = None,
         local: bool = False,
     ) -> T:
+        """Call an activity, retried until it answers. A BMaaS call is given the attempts that fit in
+        the policy's `bmaas_failing_shown_after`, then made again: an outage is reported meanwhile."""
+        assert self._input is not None
+        shows_failing = task_queue == self._input.bmaas_task_queue and not wait and not local
+        attempts = attempts_before_shown(self._policy().bmaas_failing_shown_after) if shows_failing else 0
+        began = workflow.now()
+        try:
+            while True:
+                try:
+                    return await self._call_once(
+                        name,
+                        arg,
+                        result_type,
+                        summary=summary,
+                        task_queue=task_queue,
+                        wait=wait,
+                        report_on_success=report_on_success,
+                        local=local,
+                        attempts=attempts,
+                    )
+                except ActivityError as err:  # out of attempts on an error that is retried
+                    if bmaas_not_serving(err):
+                        workflow.logger.warning(
+                            "BMaaS keeps failing %s, retrying: %s", name, err.cause or err
+                        )
+                        await self._show_bmaas_failing(FailingRequests(since=began))
+                    else:  # BMaaS answers, with a wait (a BMI still being deleted)
+                        began = workflow.now()
+                        await self._show_bmaas_failing(None)
+        finally:
+            if attempts and self._state()[0].bmaas_failing is not None:
+                # Answered, or the step ended otherwise (a scale-down): the next report says so.
+                self._state()[0].bmaas_failing = None
+                self._note_change()
+
+    async def _call_once(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type[T] | None,
+        *,
+        summary: str,
+        task_queue: str | None,
+        wait: bool,
+        report_on_success: WorkerReport | None,
+        local: bool,
+        attempts: int,
+    ) -> T:
+        """One call with its retries. Raises AttemptFailed, CancelledError, or the ActivityError of a
+        call that ran out of its `attempts` on an error that is retried."""
         delivery = self._report_delivery(arg, report_on_success)
         if delivery is not None:
             arg = arg.model_copy(update={"report": delivery})
@@ -1017,12 +1082,15 @@ class WorkerNodeWorkflow:
                 wait=wait,
                 task_queue=task_queue,
                 local=local,
+                attempts=attempts,
             )
         except ActivityError as err:
             self._skip_report_maybe_delivered(delivery)
             if isinstance(err.cause, CancelledError):
                 # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.
                 raise asyncio.CancelledError() from err
+            if attempts and ran_out_of_attempts(err):
+                raise
             raise _failure_of(err) from err
         except ApplicationError as err:
             if not local:
@@ -1031,3 +1099,11 @@ class WorkerNodeWorkflow:
         if delivery is not None and delivery.on_start is not None and self._unsent is delivery.on_start:
             self._unsent = None
         return result
+
+    async def _show_bmaas_failing(self, failing: FailingRequests | None) -> None:
+        """Report that BMaaS keeps failing this worker's call (once per outage), or no longer does."""
+        progress, _ = self._state()
+        if (progress.bmaas_failing is None) == (failing is None):
+            return
+        progress.bmaas_failing = failing
+        await self._report_change()

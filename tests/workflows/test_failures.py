@@ -439,6 +439,72 @@ async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stac
     await _clean_decommission(stack, order)
 
 
+async def _service_condition(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
+    async def shown() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "FulfillmentServiceUnavailable")
+        return cond if cond and cond["status"] == status else None
+
+    return await eventually(shown, f"FulfillmentServiceUnavailable={status} on {order.key}")
+
+
+async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_out(stack: Stack) -> None:
+    """BMaaS answers every create with 503 (an outage). The worker keeps retrying its create, as it
+    always did, but the order now shows it (FulfillmentServiceUnavailable=True, naming the workers,
+    no backend detail) instead of a silent Provisioning; the worker is not failed, nothing is
+    allocated. Once BMaaS answers, the worker comes and the condition turns False."""
+    api = stack.with_policy(bmaas_failing_shown_after=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 1})
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+    await stack.set_bmaas_faults(routes={CREATE: {"error_rate": 1.0}})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+        cond = await _service_condition(stack, order, "True")
+        assert cond["reason"] == "RequestsFailing"
+        assert "for 1 worker(s)" in cond["message"] and "for the order" not in cond["message"]
+        worker = await _worker(stack, order)
+        assert worker is not None and worker.phase == WorkerPhase.PROVISIONING
+        assert worker.last_failure_reason is None
+        assert await stack.bmis(order) == []
+    finally:
+        await stack.clear_bmaas_faults()
+    await stack.wait_ready(order, 1)
+    cond = await _service_condition(stack, order, "False")
+    assert cond["reason"] == "Available"
+    # The create ran out of its attempts at least once, and was made again in the same run.
+    history = await handle.fetch_history()
+    creates = [
+        e
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name
+        == BmaasActivity.CREATE_WORKER_INSTANCE.value
+    ]
+    assert len(creates) >= 2
+    await _clean_decommission(stack, order)
+    await replay_clean([history, await stack.api.handle(order).fetch_history()])
+
+
+async def test_a_boot_image_lookup_bmaas_does_not_answer_is_shown_on_the_order(stack: Stack) -> None:
+    """BMaaS answers the order's own boot-image lookup with 503 (an outage, not a refusal): the
+    order shows FulfillmentServiceUnavailable=True for the order (before: nothing while it was
+    retried), creates nothing, and goes on once BMaaS answers."""
+    api = stack.with_policy(bmaas_failing_shown_after=timedelta(seconds=1))
+    await stack.set_bmaas_faults(routes={"GET /api/private/v1/cluster_versions": {"error_rate": 1.0}})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1}, api)
+        cond = await _service_condition(stack, order, "True")
+        assert cond["reason"] == "RequestsFailing"
+        assert "for the order" in cond["message"] and "worker(s)" not in cond["message"]
+        assert await stack.bmis(order) == []
+    finally:
+        await stack.clear_bmaas_faults()
+    await stack.wait_ready(order, 1)
+    cond = await _service_condition(stack, order, "False")
+    assert cond["reason"] == "Available"
+    await _clean_decommission(stack, order)
+
+
 async def test_a_scale_down_during_a_call_that_finishes_anyway_stops_the_attempt_there(stack: Stack) -> None:
     """The BMI create (a call: it never heartbeats, so it cannot hear a cancel) is in flight when
     the worker is scaled down; it finishes. The attempt stops there: the host is released and
