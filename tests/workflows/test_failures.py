@@ -4,9 +4,11 @@ workflow and on the ClusterOrder, and leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +35,7 @@ from tests.workflows.stack import (
 from workflows.cluster_workers import ClusterPatch
 
 ALL = {"rate": 1.0}
+REGRESSIONS = Path(__file__).parent / "histories" / "regressions"
 
 
 TENANT_TEXT_LEAKS = {
@@ -481,7 +484,11 @@ async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_o
     ]
     assert len(creates) >= 2
     await _clean_decommission(stack, order)
-    await replay_clean([history, await stack.api.handle(order).fetch_history()])
+    order_history = await stack.api.handle(order).fetch_history()
+    await replay_clean([history, order_history])
+    if os.environ.get("OSAC_RECORD_HISTORIES") == "1":  # regressions/: the outage's path replays on
+        for kind, recorded in (("worker", history), ("order", order_history)):
+            (REGRESSIONS / f"bmaas-outage-during-a-create-{kind}.json").write_text(recorded.to_json())
 
 
 async def test_a_boot_image_lookup_bmaas_does_not_answer_is_shown_on_the_order(stack: Stack) -> None:
