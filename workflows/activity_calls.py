@@ -30,6 +30,12 @@ WAIT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval
 WAIT_LIMIT = timedelta(days=365)
 
 
+# While a BMaaS call keeps failing, each further round of it: attempts from the longest backoff on
+# (or the time an outage takes to be shown, if shorter), for about half an hour: BMaaS gets a
+# request a minute from it, the history one round's events per half hour.
+ATTEMPTS_WHILE_FAILING = 30
+
+
 def attempts_before_shown(shown_after: timedelta) -> int:
     """How many attempts CALL_RETRY makes before the backoffs between them add up to `shown_after`:
     a call given that many returns to its workflow, which shows that it keeps failing and calls again."""
@@ -40,6 +46,18 @@ def attempts_before_shown(shown_after: timedelta) -> int:
         interval *= CALL_RETRY.backoff_coefficient
         attempts += 1
     return attempts
+
+
+def call_retry(attempts: int, *, first_interval: timedelta | None = None) -> RetryPolicy:
+    """CALL_RETRY with at most `attempts` (0: no limit), its first backoff `first_interval` if given."""
+    return dataclasses.replace(
+        CALL_RETRY, maximum_attempts=attempts, initial_interval=first_interval or CALL_RETRY.initial_interval
+    )
+
+
+def _failing_interval(policy: TimingPolicy) -> timedelta:
+    assert CALL_RETRY.maximum_interval is not None
+    return min(CALL_RETRY.maximum_interval, policy.bmaas_failing_shown_after)
 
 
 def ran_out_of_attempts(err: ActivityError) -> bool:
@@ -66,15 +84,18 @@ async def call_activity(
     task_queue: str | None = None,
     local: bool = False,
     attempts: int = 0,
+    failing: bool = False,
 ) -> T:
     """Execute an activity by name. A cancelled call returns only once the activity has stopped,
     so teardown never races a create that is still running. `local`: a short call run by the
     workflow's own worker, recorded as one marker instead of three events and a workflow task.
     `policy` gives one attempt's timeout (calls) or the heartbeat timeout (waits). `attempts`: a
-    call's limit (0: none), after which it fails with the last attempt's error (`ran_out_of_attempts`)."""
+    call's limit (0: none), after which it fails with the last attempt's error (`ran_out_of_attempts`);
+    `failing`: the call is known to keep failing, so its retries start at the longest backoff (or at
+    the policy's `bmaas_failing_shown_after`, if shorter)."""
     if local:
-        assert not wait and task_queue is None and not attempts, (
-            "a local activity is short, on the workflow's queue"
+        assert not (wait or task_queue or attempts or failing), (
+            "a local activity: short, the workflow's queue"
         )
         local_result: T = await workflow.execute_local_activity(
             name,
@@ -87,6 +108,7 @@ async def call_activity(
             summary=summary,
         )
         return local_result
+    retry = call_retry(attempts, first_interval=_failing_interval(policy) if failing else None)
     result: T = await workflow.execute_activity(
         name,
         arg,
@@ -94,7 +116,7 @@ async def call_activity(
         task_queue=task_queue,
         start_to_close_timeout=WAIT_LIMIT if wait else policy.call_timeout,
         heartbeat_timeout=policy.wait_heartbeat_timeout if wait else None,
-        retry_policy=WAIT_RETRY if wait else dataclasses.replace(CALL_RETRY, maximum_attempts=attempts),
+        retry_policy=WAIT_RETRY if wait else retry,
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         summary=summary,
     )

@@ -85,6 +85,7 @@ with workflow.unsafe.imports_passed_through():
         worker_workflow_id,
     )
     from workflows.activity_calls import (
+        ATTEMPTS_WHILE_FAILING,
         CALL_RETRY,
         attempts_before_shown,
         bmaas_not_serving,
@@ -285,7 +286,8 @@ class ClusterWorkersWorkflow:
         # This run's BMaaS calls that keep failing, by call number (the workers' are in their slots).
         self._bmaas_calls = 0
         self._bmaas_failing: dict[int, FailingRequests] = {}
-        # What the previous run showed of its own calls is not known to be true any more.
+        # What the previous run showed of its own calls is not known to hold (calls are not carried):
+        # shown again if this run's keep failing. Carried, it could stay shown with no call left to end it.
         self._show_bmaas_failing()
         # While the order's pull secret is refused (the last ensure kept the Secret the image was
         # built with): what InfraEnvReady=True says instead of ImageCreated.
@@ -589,7 +591,9 @@ class ClusterWorkersWorkflow:
                 self._set_condition(
                     OrderConditionType.RHCOS_IMAGE_NOT_FOUND, ConditionStatus.FALSE, "BootImageFound"
                 )
-                if OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE in self._conditions:
+                # A refusal is over; calls of workers still failing stay shown.
+                refusal = self._conditions.get(OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE)
+                if refusal is not None and refusal.reason != REQUESTS_FAILING:
                     self._set_condition(
                         OrderConditionType.FULFILLMENT_SERVICE_UNAVAILABLE, ConditionStatus.FALSE, AVAILABLE
                     )
@@ -1663,7 +1667,8 @@ class ClusterWorkersWorkflow:
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
         """A BMaaS call, retried until answered; one that keeps failing shows the order's condition."""
-        attempts = attempts_before_shown(self._input.policy.bmaas_failing_shown_after)
+        first_round = attempts_before_shown(self._input.policy.bmaas_failing_shown_after)
+        attempts, failing = first_round, False
         self._bmaas_calls += 1
         call, began = self._bmaas_calls, workflow.now()
         try:
@@ -1677,21 +1682,24 @@ class ClusterWorkersWorkflow:
                         summary=summary,
                         task_queue=self._input.bmaas_task_queue,
                         attempts=attempts,
+                        failing=failing,
                     )
                 except ActivityError as err:
                     if not ran_out_of_attempts(err):
                         raise
-                    if not bmaas_not_serving(err):  # answered, with a wait
+                    failing = bmaas_not_serving(err)
+                    attempts = ATTEMPTS_WHILE_FAILING if failing else first_round
+                    if not failing:  # answered, with a wait
                         began = workflow.now()
                         if self._bmaas_failing.pop(call, None) is not None:
                             self._show_bmaas_failing()
-                    else:
-                        workflow.logger.warning(
-                            "BMaaS keeps failing %s, retrying: %s", name.value, err.cause or err
-                        )
-                        if call not in self._bmaas_failing:
-                            self._bmaas_failing[call] = FailingRequests(since=began)
-                            self._show_bmaas_failing()
+                        continue
+                    workflow.logger.warning(
+                        "BMaaS keeps failing %s, retrying: %s", name.value, err.cause or err
+                    )
+                    if call not in self._bmaas_failing:
+                        self._bmaas_failing[call] = FailingRequests(since=began)
+                        self._show_bmaas_failing()
         finally:
             if self._bmaas_failing.pop(call, None) is not None:
                 self._show_bmaas_failing()

@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRevision,
     )
     from workflows.activity_calls import (
+        ATTEMPTS_WHILE_FAILING,
         attempts_before_shown,
         bmaas_not_serving,
         call_activity,
@@ -941,8 +942,9 @@ class WorkerNodeWorkflow:
         if self._unsent is not None:
             report, self._unsent = self._unsent, None
             self._pending_reports.append(asyncio.ensure_future(self._send_report(report)))
-        await asyncio.gather(*self._pending_reports)
-        self._pending_reports.clear()
+        # Taken first: a report that failed is not waited for again by the next flush.
+        pending, self._pending_reports = self._pending_reports, []
+        await asyncio.gather(*pending)
 
     def _skip_report_maybe_delivered(self, delivery: ReportDelivery | None) -> None:
         """An activity cancelled or failed after delivering its `on_success` report (a cancel that
@@ -1023,8 +1025,10 @@ class WorkerNodeWorkflow:
         the policy's `bmaas_failing_shown_after`, then made again: an outage is reported meanwhile."""
         assert self._input is not None
         shows_failing = task_queue == self._input.bmaas_task_queue and not wait and not local
-        attempts = attempts_before_shown(self._policy().bmaas_failing_shown_after) if shows_failing else 0
-        began = workflow.now()
+        first_round = attempts_before_shown(self._policy().bmaas_failing_shown_after) if shows_failing else 0
+        # A report built before a round that runs out would carry a number the order has passed.
+        assert not (first_round and report_on_success), "a BMaaS call that may run out reports nothing"
+        attempts, failing, began = first_round, False, workflow.now()
         try:
             while True:
                 try:
@@ -1038,21 +1042,23 @@ class WorkerNodeWorkflow:
                         report_on_success=report_on_success,
                         local=local,
                         attempts=attempts,
+                        failing=failing,
                     )
                 except ActivityError as err:  # out of attempts on an error that is retried
-                    if bmaas_not_serving(err):
+                    failing = bmaas_not_serving(err)
+                    if failing:
                         workflow.logger.warning(
                             "BMaaS keeps failing %s, retrying: %s", name, err.cause or err
                         )
-                        await self._show_bmaas_failing(FailingRequests(since=began))
+                        self._show_bmaas_failing(FailingRequests(since=began))
                     else:  # BMaaS answers, with a wait (a BMI still being deleted)
                         began = workflow.now()
-                        await self._show_bmaas_failing(None)
+                        self._show_bmaas_failing(None)
+                    attempts = ATTEMPTS_WHILE_FAILING if failing else first_round
         finally:
-            if attempts and self._state()[0].bmaas_failing is not None:
-                # Answered, or the step ended otherwise (a scale-down): the next report says so.
-                self._state()[0].bmaas_failing = None
-                self._note_change()
+            if first_round:
+                # Answered, or the step ended otherwise (a scale-down): the order is told at once.
+                self._show_bmaas_failing(None)
 
     async def _call_once(
         self,
@@ -1066,6 +1072,7 @@ class WorkerNodeWorkflow:
         report_on_success: WorkerReport | None,
         local: bool,
         attempts: int,
+        failing: bool,
     ) -> T:
         """One call with its retries. Raises AttemptFailed, CancelledError, or the ActivityError of a
         call that ran out of its `attempts` on an error that is retried."""
@@ -1083,6 +1090,7 @@ class WorkerNodeWorkflow:
                 task_queue=task_queue,
                 local=local,
                 attempts=attempts,
+                failing=failing,
             )
         except ActivityError as err:
             self._skip_report_maybe_delivered(delivery)
@@ -1100,10 +1108,14 @@ class WorkerNodeWorkflow:
             self._unsent = None
         return result
 
-    async def _show_bmaas_failing(self, failing: FailingRequests | None) -> None:
-        """Report that BMaaS keeps failing this worker's call (once per outage), or no longer does."""
+    def _show_bmaas_failing(self, failing: FailingRequests | None) -> None:
+        """Tell the order that BMaaS keeps failing this worker's call (once per outage), or no longer
+        does: sent at once, never waited for (the step's wait could be cancelled by a scale-down)."""
         progress, _ = self._state()
         if (progress.bmaas_failing is None) == (failing is None):
             return
         progress.bmaas_failing = failing
-        await self._report_change()
+        self._note_change()
+        if self._unsent is not None:
+            report, self._unsent = self._unsent, None
+            self._pending_reports.append(asyncio.ensure_future(self._send_report(report)))

@@ -9,7 +9,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState, T
 from temporalio.exceptions import TimeoutError as ActivityTimedOut
 
 from contracts.bmaas import NON_RETRYABLE_ERRORS, NOT_SERVING_ERRORS, BmaasErrorType
-from workflows.activity_calls import CALL_RETRY, attempts_before_shown, bmaas_not_serving, ran_out_of_attempts
+from workflows.activity_calls import (
+    ATTEMPTS_WHILE_FAILING,
+    CALL_RETRY,
+    attempts_before_shown,
+    bmaas_not_serving,
+    call_retry,
+    ran_out_of_attempts,
+)
 
 
 def _failed(cause: BaseException | None, retry_state: RetryState) -> ActivityError:
@@ -69,8 +76,15 @@ def test_only_retried_errors_can_be_an_outage() -> None:
         BmaasErrorType.UNAUTHENTICATED,
         BmaasErrorType.PERMISSION_DENIED,
     }
-    refused = _failed(
-        ApplicationError("no", type=BmaasErrorType.PERMISSION_DENIED.value, non_retryable=True),
-        RetryState.NON_RETRYABLE_FAILURE,
+
+
+def test_a_call_known_to_be_failing_retries_from_a_longer_backoff() -> None:
+    first = call_retry(8)
+    failing = call_retry(ATTEMPTS_WHILE_FAILING, first_interval=timedelta(seconds=60))
+    assert (first.initial_interval, first.maximum_attempts) == (timedelta(seconds=1), 8)
+    assert (failing.initial_interval, failing.maximum_attempts) == (
+        timedelta(seconds=60),
+        ATTEMPTS_WHILE_FAILING,
     )
-    assert not ran_out_of_attempts(refused)
+    assert failing.maximum_interval == CALL_RETRY.maximum_interval
+    assert call_retry(0).maximum_attempts == 0  # no limit: every call but BMaaS's

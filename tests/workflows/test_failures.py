@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -454,10 +455,12 @@ async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_o
     """BMaaS answers every create with 503 (an outage). The worker keeps retrying its create, as it
     always did, but the order now shows it (FulfillmentServiceUnavailable=True, naming the workers,
     no backend detail) instead of a silent Provisioning; the worker is not failed, nothing is
-    allocated. Once BMaaS answers, the worker comes and the condition turns False."""
+    allocated. Once BMaaS answers, the condition turns False at once (the host still booting), and
+    the worker comes."""
     api = stack.with_policy(bmaas_failing_shown_after=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 1})
     handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+    timings = (await stack.bmaas_http.get("/lab/v1/timings")).raise_for_status().json()
     await stack.set_bmaas_faults(routes={CREATE: {"error_rate": 1.0}})
     try:
         await stack.apply(order, {"bm-standard": 1}, api)
@@ -468,11 +471,21 @@ async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_o
         assert worker is not None and worker.phase == WorkerPhase.PROVISIONING
         assert worker.last_failure_reason is None
         assert await stack.bmis(order) == []
+        # The host will boot for as long as the test needs: the outage's end is told before it runs.
+        (await stack.bmaas_http.patch("/lab/v1/timings", json={"boot_s": 3600})).raise_for_status()
     finally:
         await stack.clear_bmaas_faults()
+    try:
+        cond = await _service_condition(stack, order, "False")
+        assert cond["reason"] == "Available"
+        worker = await _worker(stack, order)
+        assert worker is not None and worker.phase == WorkerPhase.PROVISIONING
+        assert [b["status"]["state"] for b in await stack.bmis(order)] == [
+            "BARE_METAL_INSTANCE_STATE_PROVISIONING"
+        ]
+    finally:
+        (await stack.bmaas_http.patch("/lab/v1/timings", json=timings)).raise_for_status()
     await stack.wait_ready(order, 1)
-    cond = await _service_condition(stack, order, "False")
-    assert cond["reason"] == "Available"
     # The create ran out of its attempts at least once, and was made again in the same run.
     history = await handle.fetch_history()
     creates = [
@@ -489,6 +502,35 @@ async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_o
     if os.environ.get("OSAC_RECORD_HISTORIES") == "1":  # regressions/: the outage's path replays on
         for kind, recorded in (("worker", history), ("order", order_history)):
             (REGRESSIONS / f"bmaas-outage-during-a-create-{kind}.json").write_text(recorded.to_json())
+
+
+async def test_a_worker_scaled_down_during_a_bmaas_outage_leaves_and_the_order_stops_showing_it(
+    stack: Stack,
+) -> None:
+    """The order shows a BMaaS outage its worker's create keeps meeting; the tenant scales the order
+    down to 0 meanwhile. The worker stops retrying, waits out its unanswered create, finds no BMI
+    and ends; the order shows the outage no more. Neither workflow fails, nothing is allocated."""
+    api = stack.with_policy(bmaas_failing_shown_after=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 1})
+    handle = stack.client.get_workflow_handle(worker_workflow_id(order, order.worker_name(0)))
+    await stack.set_bmaas_faults(routes={CREATE: {"error_rate": 1.0}})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+        await _service_condition(stack, order, "True")
+        await stack.apply(order, {"bm-standard": 0}, api)
+
+        async def gone() -> bool:
+            return (await stack.api.status(order)).workers == []
+
+        await eventually(gone, "the worker scaled down during the outage gone")
+        cond = await _service_condition(stack, order, "False")
+        assert cond["reason"] == "Available"
+        assert (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
+        assert await stack.bmis(order) == []
+    finally:
+        await stack.clear_bmaas_faults()
+    await _clean_decommission(stack, order)
+    await replay_clean([await handle.fetch_history(), await stack.api.handle(order).fetch_history()])
 
 
 async def test_a_boot_image_lookup_bmaas_does_not_answer_is_shown_on_the_order(stack: Stack) -> None:
