@@ -1028,22 +1028,47 @@ class WorkerNodeWorkflow:
         first_round = attempts_before_shown(self._policy().bmaas_failing_shown_after) if shows_failing else 0
         # A report built before a round that runs out would carry a number the order has passed.
         assert not (first_round and report_on_success), "a BMaaS call that may run out reports nothing"
+
+        async def call_round(arg: Any, attempts: int, failing: bool) -> T:
+            """One call with its retries. Raises AttemptFailed, CancelledError, or the ActivityError
+            of a call that ran out of its `attempts` on an error that is retried."""
+            delivery = self._report_delivery(arg, report_on_success)
+            if delivery is not None:
+                arg = arg.model_copy(update={"report": delivery})
+            try:
+                result: T = await call_activity(
+                    name,
+                    arg,
+                    result_type,
+                    policy=self._policy(),
+                    summary=summary,
+                    wait=wait,
+                    task_queue=task_queue,
+                    local=local,
+                    attempts=attempts,
+                    failing=failing,
+                )
+            except ActivityError as err:
+                self._skip_report_maybe_delivered(delivery)
+                if isinstance(err.cause, CancelledError):
+                    # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.
+                    raise asyncio.CancelledError() from err
+                if attempts and ran_out_of_attempts(err):
+                    raise
+                raise _failure_of(err) from err
+            except ApplicationError as err:
+                if not local:
+                    raise
+                raise _failure_of(err) from err
+            if delivery is not None and delivery.on_start is not None and self._unsent is delivery.on_start:
+                self._unsent = None
+            return result
+
         attempts, failing, began = first_round, False, workflow.now()
         try:
             while True:
                 try:
-                    return await self._call_once(
-                        name,
-                        arg,
-                        result_type,
-                        summary=summary,
-                        task_queue=task_queue,
-                        wait=wait,
-                        report_on_success=report_on_success,
-                        local=local,
-                        attempts=attempts,
-                        failing=failing,
-                    )
+                    return await call_round(arg, attempts, failing)
                 except ActivityError as err:  # out of attempts on an error that is retried
                     failing = bmaas_not_serving(err)
                     if failing:
@@ -1059,54 +1084,6 @@ class WorkerNodeWorkflow:
             if first_round:
                 # Answered, or the step ended otherwise (a scale-down): the order is told at once.
                 self._show_bmaas_failing(None)
-
-    async def _call_once(
-        self,
-        name: str,
-        arg: Any,
-        result_type: type[T] | None,
-        *,
-        summary: str,
-        task_queue: str | None,
-        wait: bool,
-        report_on_success: WorkerReport | None,
-        local: bool,
-        attempts: int,
-        failing: bool,
-    ) -> T:
-        """One call with its retries. Raises AttemptFailed, CancelledError, or the ActivityError of a
-        call that ran out of its `attempts` on an error that is retried."""
-        delivery = self._report_delivery(arg, report_on_success)
-        if delivery is not None:
-            arg = arg.model_copy(update={"report": delivery})
-        try:
-            result: T = await call_activity(
-                name,
-                arg,
-                result_type,
-                policy=self._policy(),
-                summary=summary,
-                wait=wait,
-                task_queue=task_queue,
-                local=local,
-                attempts=attempts,
-                failing=failing,
-            )
-        except ActivityError as err:
-            self._skip_report_maybe_delivered(delivery)
-            if isinstance(err.cause, CancelledError):
-                # Cancelled by us (scale-down or a lost race): stay a cancellation, not a failure.
-                raise asyncio.CancelledError() from err
-            if attempts and ran_out_of_attempts(err):
-                raise
-            raise _failure_of(err) from err
-        except ApplicationError as err:
-            if not local:
-                raise
-            raise _failure_of(err) from err
-        if delivery is not None and delivery.on_start is not None and self._unsent is delivery.on_start:
-            self._unsent = None
-        return result
 
     def _show_bmaas_failing(self, failing: FailingRequests | None) -> None:
         """Tell the order that BMaaS keeps failing this worker's call (once per outage), or no longer
