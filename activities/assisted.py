@@ -347,9 +347,9 @@ def _match_agent(
     *,
     fresh: bool = True,
 ) -> AgentMatch | None:
-    """The one Agent reporting one of the BMI's MACs; None while there is none, or while an Agent
-    whose MACs are not known yet could turn out to be a duplicate (`guard`: which ones; without it,
-    every recent one). Two: AmbiguousAgentMatch."""
+    """The one Agent reporting one of the BMI's MACs; None while there is none, while it still
+    carries another slot's hand-off, or while an Agent whose MACs are not known yet could turn out
+    to be a duplicate (`guard`: which ones; without it, every recent one). Two: AmbiguousAgentMatch."""
     namespace, infraenv = input.infraenv.namespace, input.infraenv.name
     wanted = set(input.macs)
     candidates = _candidates(input, agents)
@@ -366,6 +366,12 @@ def _match_agent(
             agents=[str(meta(a).get("name")) for a in matching],
         )
     if not matching:
+        return None
+    worker = getattr(input, "worker", None)  # the waits that hand the Agent over know their slot
+    if worker is not None and handed_elsewhere(matching[0], worker):
+        # The host was another slot's, wiped and given to this one while that slot still releases
+        # it (a lost host, a scale-down's victim): its release deletes the Agent and the host
+        # registers again. Until then the Agent is that slot's, never taken.
         return None
     if (guard or InventoryGuard()).holds(candidates, fresh=fresh):
         return None

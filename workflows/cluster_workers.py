@@ -213,6 +213,10 @@ class ClusterPatch(StrEnum):
     # which it takes as a scale-down) is replaced at once, as a scale-down's leaver is; before, its
     # slot filled the count until its release ended, for ever with a drain that hangs.
     SELF_LEAVERS_REPLACED_AT_ONCE = "self-leavers-replaced-at-once"
+    # A Ready worker whose host is lost leaves like a scale-down's victim (told `host_lost`, then
+    # `scale_down`) and a new worker replaces it at once; before, it failed (Failed is only for
+    # attempts that never reached Ready) and came back in its slot after a backoff.
+    LOST_HOSTS_REPLACED_BY_NEW_WORKERS = "lost-hosts-replaced-by-new-workers"
     # The order's security groups BMaaS refused to put on its hosts (a token mid-rotation, a group
     # not there yet) are shown on the order and put again every `prerequisite_recheck` until done;
     # before, one refusal counted as done and the hosts kept their old groups.
@@ -1262,25 +1266,27 @@ class ClusterWorkersWorkflow:
         finally:
             self._restarts_in_flight -= 1
 
-    async def _tell_worker(self, slot: SlotRecord, lost: LostInstance | None) -> None:
-        """Signal `scale_down` (no `lost`) or `host_lost` to the slot's worker. A worker only ends
-        after a scale-down, so one that is not running while its slot is live was stopped from
-        outside; it is started again to release what its stopped run held (and, for a lost host,
-        to come back on a new one)."""
+    async def _tell_worker(self, slot: SlotRecord, lost: LostInstance | None, *, leaves: bool = True) -> None:
+        """Signal `scale_down` (no `lost`) or `host_lost` to the slot's worker, and with `leaves`
+        `scale_down` after it (a worker of any version then leaves, the lost host shown as its
+        reason). A worker only ends after a scale-down, so one that is not running while its slot is
+        live was stopped from outside; it is started again to release what its stopped run held
+        (without `leaves`, for a lost host, to come back on a new one)."""
         self._tells_in_flight += 1
         try:
-            await self._signal_or_restart(slot, lost)
+            await self._signal_or_restart(slot, lost, leaves)
         finally:
             self._tells_in_flight -= 1
 
-    async def _signal_or_restart(self, slot: SlotRecord, lost: LostInstance | None) -> None:
+    async def _signal_or_restart(self, slot: SlotRecord, lost: LostInstance | None, leaves: bool) -> None:
         handle = workflow.get_external_workflow_handle(self._child_id(slot))
+        leaves = leaves or lost is None
 
         async def tell() -> None:
-            if lost is None:
-                await handle.signal(WorkerNodeWorkflow.scale_down)
-            else:
+            if lost is not None:
                 await handle.signal(WorkerNodeWorkflow.host_lost, lost)
+            if leaves:
+                await handle.signal(WorkerNodeWorkflow.scale_down)
 
         try:
             await tell()
@@ -1294,8 +1300,8 @@ class ClusterWorkersWorkflow:
                 return
             workflow.logger.warning("worker %s is not running (%s): starting it again", slot.spec.name, err)
         try:
-            await self._start_child(slot, restart=True, scale_down=lost is None)
-            if lost is None:
+            await self._start_child(slot, restart=True, scale_down=leaves)
+            if leaves:
                 return  # the new run starts with its scale-down
         except WorkflowAlreadyStartedError:
             pass  # another call (the host check, a scale-down) started it a moment ago: tell that run
@@ -1363,6 +1369,18 @@ class ClusterWorkersWorkflow:
             return [self._event(EventReason.AGENT_CORRELATED, f"Worker {name} matched its agent by MAC")]
         if after.phase == WorkerPhase.READY:
             return [self._event(EventReason.WORKER_READY, f"Worker {name} joined the cluster")]
+        if (
+            after.phase in LEAVING_PHASES
+            and after.last_failure_reason == FailureReason.HOST_LOST
+            and after.last_failure_time != before.last_failure_time
+        ):
+            return [
+                self._event(
+                    EventReason.WORKER_FAILED,
+                    f"Worker {name} lost its host ({FailureReason.HOST_LOST.value}): released and replaced",
+                    warning=True,
+                )
+            ]
         if after.phase == WorkerPhase.FAILED:
             reason = after.last_failure_reason
             kind = (
@@ -1419,7 +1437,11 @@ class ClusterWorkersWorkflow:
                 ):
                     continue
                 workflow.logger.warning("worker %s lost its host: %s", slot.spec.name, lost.describe())
-                await self._tell_worker(slot, lost)
+                leaves = workflow.patched(ClusterPatch.LOST_HOSTS_REPLACED_BY_NEW_WORKERS.value)
+                if leaves:
+                    slot.scale_down_sent = True
+                    self._touch()  # the main loop starts its replacement
+                await self._tell_worker(slot, lost, leaves=leaves)
 
     def _leavers(self) -> dict[str, int]:
         """The slots told to leave, or leaving on their own (their run was cancelled), that have not

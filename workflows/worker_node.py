@@ -2,7 +2,8 @@
 
 Provisioning -> WaitingForAgent -> Binding -> Ready, then on scale-down Unbinding -> Deleting -> done.
 A failure before Ready cleans up (agent, BMI, wipe), waits the policy's backoff in Failed and tries
-again; it never gives up on its own. Deterministic: no I/O, `workflow.now()`, sandboxed.
+again; it never gives up on its own. A Ready worker whose host is lost leaves as on a scale-down.
+Deterministic: no I/O, `workflow.now()`, sandboxed.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class WorkerPatch(StrEnum):
     # once more after the wipe, while no BMI of the order holds the host, instead of staying on the
     # hub until the decommission's sweep.
     REGISTRATIONS_SWEPT_AFTER_WIPE = "registrations-swept-after-wipe"
+    # A Ready worker whose host is lost leaves (Unbinding, Deleting, its reason HostLost shown) and
+    # its order replaces it with a new worker; before, it failed and came back in its slot after a
+    # backoff, though Failed is only for attempts that never reached Ready.
+    LOST_HOST_LEAVES = "lost-host-leaves"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -312,6 +317,14 @@ class WorkerNodeWorkflow:
                         or workflow.info().is_continue_as_new_suggested()
                     )
                 )
+                if self._host_lost is not None and workflow.patched(WorkerPatch.LOST_HOST_LEAVES.value):
+                    # Released like a scale-down's victim (its order, told, starts a new worker), the
+                    # reason shown meanwhile; the order's scale-down signal follows.
+                    lost, self._host_lost = self._host_lost, None
+                    workflow.logger.warning("worker lost its host, leaving: %s", lost.describe())
+                    self._record_failure(AttemptFailed(FailureReason.HOST_LOST, lost.describe()))
+                    self.scale_down()
+                    break
                 if self._scale_down:
                     break
                 if self._host_lost is not None:

@@ -6,14 +6,17 @@ are data: URLs or http(s) URLs it can fetch), its discovery agent registers, aft
 `timings.registration_s`, at the registration URL named in the ignition with the ignition's agent
 token, reporting the host's id and every NIC MAC. Anything else - not JSON, not Ignition v3, an
 ignition without the agent unit, a token the service rejects - registers nothing, like real
-hardware. The host id becomes the Agent name (as given when it is a valid DNS name, else a uuid5
+hardware. A registration refused with 409 (the host id is an installed Agent's: the host was given to
+a new BMI before its old Agent was released) is sent again until it is taken, as the agent does.
+The host id becomes the Agent name (as given when it is a valid DNS name, else a uuid5
 of it), so a host booting again re-registers the same Agent.
 
 While the host runs the discovery image its agent keeps polling the service. Deleting its Agent
 deregisters the host: the agent gets 404, restarts and registers again, so `timings.registration_s`
 after the deletion the Agent is back (same name, same MACs, a new uid). `attach` gives the seam the
-hub's Agents informer to see those deletions. Not once the install started (the host may have
-booted its disk: `INSTALL_STARTED_STATES`) or while it waits to be rebooted
+hub's Agents informer to see those deletions (one that lands while the host's registration is on
+its way back counts once that registration is settled). Not once the install started (the host may
+have booted its disk: `INSTALL_STARTED_STATES`) or while it waits to be rebooted
 (`unbinding-pending-user-action`), and never once halted: `halt` (BMaaS powers the host off to wipe
 it) cancels whatever registration is still pending and forgets the host.
 
@@ -112,6 +115,10 @@ class _Run:
     agent_name: str | None = None
     registered_macs: tuple[str, ...] = ()
     again: asyncio.Task[None] | None = None  # a registration again, pending
+    # The primary registration on its way (its config), and whether its Agent was deleted before
+    # the answer came back: the agent's next poll finds the host gone and registers again.
+    registering: DiscoveryAgentConfig | None = field(default=None, repr=False)
+    deleted_while_registering: bool = False
 
 
 class AgentBootSeam:
@@ -262,6 +269,16 @@ class AgentBootSeam:
             run = next(
                 (r for r in self._runs.values() if r.agent_name == name and r.config is not None), None
             )
+            if run is None:
+                # Deleted between the registration's write and its answer (a released slot's
+                # Agent, the host given to another slot meanwhile): registered again once settled.
+                for r in self._runs.values():
+                    config = r.registering
+                    if config is None or agent_host_id(r.host_id) != name or infra_envs is None:
+                        continue
+                    infra_env = find_infra_env(infra_envs, config.infra_env_id)
+                    if infra_env is not None and infra_env.get("metadata", {}).get("namespace") == namespace:
+                        r.deleted_while_registering = True
         if infra_envs is None or run is None or run.config is None:
             return
         # Agent names repeat across namespaces (the same host in another lab run): this host's agent
@@ -304,6 +321,10 @@ class AgentBootSeam:
     ) -> None:
         if run.halted:  # `halt` raced the cancellation it asked for: a powered-off host sends nothing
             return None
+        primary = duplicate_of is None and not again
+        if primary:
+            with self._lock:
+                run.registering = config
         code = await self._register(config, agent_name, macs)
         if code is None:
             outcome = BootOutcome.UNREACHABLE
@@ -312,8 +333,21 @@ class AgentBootSeam:
         else:
             outcome = BootOutcome.REJECTED
         record = BootRecord(run.host_id, outcome, tuple(macs), agent_name, code, duplicate_of, again)
-        primary = duplicate_of is None and not again
         self._settle(run, record, config if primary else None)
+        if primary:
+            with self._lock:
+                run.registering = None
+        if primary and outcome is BootOutcome.REGISTERED and run.deleted_while_registering:
+            with self._lock:
+                run.deleted_while_registering = False
+                if run.halted or run.again is not None or self._runs.get(run.host_id) is not run:
+                    return
+                task = asyncio.get_running_loop().create_task(
+                    self._register_again(run), name=f"again-{run.host_id}"
+                )
+                run.again = task
+                self._tasks[task] = run
+            task.add_done_callback(self._task_done)
 
     async def _resolve(self, user_data: str, depth: int, deadline: float) -> DiscoveryAgentConfig | None:
         document = load_ignition(user_data)
@@ -353,7 +387,8 @@ class AgentBootSeam:
     async def _register(
         self, config: DiscoveryAgentConfig, agent_name: str, macs: Sequence[str]
     ) -> int | None:
-        """POST the registration like the agent does, retrying while the service is unreachable."""
+        """POST the registration like the agent does, retrying while the service is unreachable or
+        answers 409."""
         body = {
             "host_id": agent_name,
             "discovery_agent_version": AGENT_IMAGE,
@@ -375,8 +410,11 @@ class AgentBootSeam:
                     log.warning("agent %s: registration unanswered, sending it again: %r", agent_name, exc)
                 except httpx.HTTPError as exc:
                     log.debug("agent %s: registration failed: %r", agent_name, exc)
-                if code is not None and code < 500:
-                    return code  # success, or a refusal that retrying cannot change
+                # 409: the host id is an installed Agent's (the host was another slot's, wiped and
+                # booted for a new one before that slot's release deleted it): the agent keeps
+                # registering until the Agent is gone. Other 4xx: retrying cannot change them.
+                if code is not None and code < 500 and code != 409:
+                    return code
                 if loop.time() >= deadline:
                     return code
                 await asyncio.sleep(pause)

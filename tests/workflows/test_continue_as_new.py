@@ -327,40 +327,43 @@ async def test_a_worker_whose_drain_hangs_continues_as_new_and_still_releases_it
 
 async def test_a_failed_attempt_whose_release_hangs_continues_as_new_and_tries_again(stack: Stack) -> None:
     """A failed attempt releases its host before the next attempt. A release that keeps waiting (a
-    drain that hangs, here after the Ready worker's host broke) added to the run's history until the
-    server's limit ended the worker with its host still allocated (found by review). It continues
-    as new; the next run finishes the release, shows the attempt's failure and tries again."""
-    api = stack.with_policy(
-        agent_unbinding_timeout=timedelta(seconds=1), ready_host_check=timedelta(seconds=1)
-    )
+    drain that hangs, here after the install failed on a claimed Agent) added to the run's history
+    until the server's limit ended the worker with its host still allocated (found by review). It
+    continues as new; the next run finishes the release, shows the attempt's failure and tries again."""
+    api = stack.with_policy(agent_unbinding_timeout=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 1})
-    await stack.apply(order, {"bm-standard": 1}, api)
-    (ready,) = (await stack.wait_ready(order, 1)).workers
-    assert ready.resource_id is not None
-    worker_id = worker_workflow_id(order, ready.name)
-    runs_before = len(await _runs(stack, worker_id))
+    worker = order.worker_name(0)
+    worker_id = worker_workflow_id(order, worker)
+    await stack.set_agent_faults({"install_error": {"rate": 1.0}, "hanging_drain": {"rate": 1.0}})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
 
-    async def break_its_host() -> None:
-        broken = f"/lab/v1/baremetal_instances/{ready.resource_id}/break"
-        (await stack.bmaas_http.post(broken)).raise_for_status()
+        async def continued_while_releasing() -> bool:
+            runs = await _runs(stack, worker_id)
+            return runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 2
 
-    await _continues_as_new_while_its_drain_hangs(stack, order, ready.name, leave=break_its_host)
+        await eventually(continued_while_releasing, f"{worker} continuing as new while its drain hangs")
+        status = await stack.api.status(order)
+        assert [w.phase for w in status.workers] == [WorkerPhase.FAILED]
+        first_bmi = next(b["id"] for b in await stack.bmis(order))
+    finally:
+        await stack.clear_agent_faults()
 
     async def replaced() -> WorkerStatus | None:
         status = await stack.api.status(order)
-        (worker,) = status.workers
-        return worker if status.ready_workers == 1 and worker.resource_id != ready.resource_id else None
+        (worker_status,) = status.workers
+        return worker_status if status.ready_workers == 1 and worker_status.resource_id != first_bmi else None
 
-    worker = await eventually(replaced, f"{ready.name} on a new host once the drain ended", timeout=120)
-    assert worker.attempt_count == 2 and worker.last_failure_reason == FailureReason.HOST_LOST
+    ready = await eventually(replaced, f"{worker} on a new host once the drain ended", timeout=120)
+    assert ready.attempt_count == 2 and ready.last_failure_reason == FailureReason.AGENT_INSTALL_FAILED
     wiped = {r["bmi_id"] for r in await stack.audit() if r["kind"] == "WIPE_FINISHED"}
-    assert ready.resource_id in wiped
+    assert first_bmi in wiped
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
     # The runs that continued mid-release, and the one that finished it, replay as they ran.
     runs = [h for h in await stack.histories(order) if h.workflow_id == worker_id]
-    assert len(runs) > runs_before + 1
+    assert len(runs) > 2
     await replay_clean(runs)
 
 

@@ -199,3 +199,38 @@ def test_a_registration_the_service_is_still_answering_is_waited_for_not_sent_ag
         assert len(posts) == 2
     finally:
         server.shutdown()
+
+
+def test_a_registration_refused_as_an_installed_hosts_is_sent_again_until_taken() -> None:
+    """409: the host id is an installed Agent's (the host was given to a new BMI before its old slot
+    released that Agent). The agent keeps registering until the Agent is gone; another refusal (a
+    bad token) ends it at once."""
+    answers: list[int] = []
+    posts: list[str] = []
+
+    class Service(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            posts.append(self.path)
+            self.send_response(answers.pop(0) if answers else 201)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = DiscoveryAgentConfig(
+        service_url=f"http://127.0.0.1:{server.server_address[1]}", infra_env_id="ie", agent_token="t"
+    )
+    seam = AgentBootSeam(FaultBook(), AgentTimings.zero())
+    try:
+        answers[:] = [409, 409]
+        assert asyncio.run(seam._register(config, agent_host_id("reused"), macs_for(9))) == 201
+        assert len(posts) == 3
+        posts.clear()
+        answers[:] = [401]
+        assert asyncio.run(seam._register(config, agent_host_id("forged"), macs_for(9))) == 401
+        assert len(posts) == 1
+    finally:
+        server.shutdown()
