@@ -299,7 +299,10 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     (recorded on b0a79fd, where that refusal counted as done; they are now shown and put again).
     Without their patch guards, the last six fail to replay. And a worker whose create BMaaS
     answered with 503 until it ran out of its attempts, reported, and was made again, with its
-    order showing FulfillmentServiceUnavailable (recorded on 93a8bd2, where that path began)."""
+    order showing FulfillmentServiceUnavailable (recorded on 93a8bd2, where that path began). And an
+    order whose Ready workers' hosts broke or were deleted, with its broken worker, from before a
+    lost host's worker left as a scale-down does (recorded on 4073a3f: it failed and came back in its
+    slot); without patches lost-host-leaves and lost-hosts-replaced-by-new-workers, both fail."""
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)
