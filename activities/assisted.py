@@ -340,6 +340,19 @@ class InventoryGuard:
         return bool(young) and time.monotonic() - self._first_seen < self._newcomer_grace
 
 
+def _held_elsewhere(input: WaitAgentInput, agents: list[KubeObject]) -> KubeObject | None:
+    """The Agent reporting one of the BMI's MACs that still carries another slot's hand-off, for the
+    waits that hand the Agent over (they know their slot); None if there is none."""
+    worker = getattr(input, "worker", None)
+    if worker is None:
+        return None
+    wanted = set(input.macs)
+    return next(
+        (a for a in _candidates(input, agents) if agent_macs(a) & wanted and handed_elsewhere(a, worker)),
+        None,
+    )
+
+
 def _match_agent(
     input: WaitAgentInput,
     agents: list[KubeObject],
@@ -367,11 +380,10 @@ def _match_agent(
         )
     if not matching:
         return None
-    worker = getattr(input, "worker", None)  # the waits that hand the Agent over know their slot
-    if worker is not None and handed_elsewhere(matching[0], worker):
+    if _held_elsewhere(input, matching) is not None:
         # The host was another slot's, wiped and given to this one while that slot still releases
-        # it (a lost host, a scale-down's victim): its release deletes the Agent and the host
-        # registers again. Until then the Agent is that slot's, never taken.
+        # it (a host deleted behind our back): its release deletes the Agent and the host registers
+        # again. Until then the Agent is that slot's, never taken.
         return None
     if (guard or InventoryGuard()).holds(candidates, fresh=fresh):
         return None
@@ -945,28 +957,39 @@ class AssistedActivities:
 
         Once the Agent is matched the hand-off runs to its end even if the activity is cancelled
         meanwhile, so the release that follows a cancellation finds it handed (and unbinds it), not
-        half-written by a request still in flight."""
+        half-written by a request still in flight. One deleted between its match and its hand-off
+        is waited for again: the host registers again."""
         every = tick_seconds(self._heartbeat_every)
-        match, peers = await self._await_agent(input, self._match_progress(input, every), every)
-        if match.unmatched_macs:
-            return AgentHandOff(match=match)
-        request = HandAgentInput(
-            agent=AgentRef(namespace=match.namespace, name=match.name),
-            nodepool=input.nodepool,
-            worker=input.worker,
-            hostname=input.hostname,
-            macs=input.macs,
-        )
-        # The list the match was decided on, moments ago, is the hand-off's duplicate check.
-        hand = asyncio.ensure_future(self._hand_and_sync(request, peers))
-        try:
-            handed = await asyncio.shield(hand)
-        except asyncio.CancelledError:
-            await asyncio.wait([hand])
-            if not hand.cancelled() and hand.exception() is not None:
-                activity.logger.warning("hand-off of Agent %s failed as the wait was cancelled", match.name)
-            raise
-        return AgentHandOff(match=match, handed=handed)
+        while True:
+            match, peers = await self._await_agent(input, self._match_progress(input, every), every)
+            if match.unmatched_macs:
+                return AgentHandOff(match=match)
+            request = HandAgentInput(
+                agent=AgentRef(namespace=match.namespace, name=match.name),
+                nodepool=input.nodepool,
+                worker=input.worker,
+                hostname=input.hostname,
+                macs=input.macs,
+            )
+            # The list the match was decided on, moments ago, is the hand-off's duplicate check.
+            hand = asyncio.ensure_future(self._hand_and_sync(request, peers))
+            try:
+                handed = await asyncio.shield(hand)
+            except asyncio.CancelledError:
+                await asyncio.wait([hand])
+                if not hand.cancelled() and hand.exception() is not None:
+                    activity.logger.warning(
+                        "hand-off of Agent %s failed as the wait was cancelled", match.name
+                    )
+                raise
+            except ApplicationError as err:
+                if err.type != HubErrorType.AGENT_NOT_FOUND.value:
+                    raise
+                # Deleted between the match and the hand-off (the host's previous slot swept its
+                # registrations as it released it): the host registers again, wait for that.
+                activity.logger.info("Agent %s vanished before its hand-off: waiting again", match.name)
+                continue
+            return AgentHandOff(match=match, handed=handed)
 
     async def _await_match(self, input: WaitAgentInput) -> AgentMatch:
         match, _ = await self._await_agent(input)
@@ -1021,6 +1044,20 @@ class AssistedActivities:
                 agent, listed = await self._fresh_match(input, guard)
                 if agent is not None:
                     return agent, listed
+                held = _held_elsewhere(input, listed)
+                if held is not None:
+                    # Registered, but another slot never let its Agent go (its release hangs, or
+                    # BMaaS gave one host to two BMIs): said as such, not as a missing registration.
+                    owner = _hand_off_marks(held)
+                    raise error(
+                        f"Agent {namespace}/{meta(held).get('name')} of the host is still handed to"
+                        " another worker slot at the deadline",
+                        HubErrorType.AGENT_OWNED_ELSEWHERE,
+                        non_retryable=True,
+                        namespace=namespace,
+                        name=str(meta(held).get("name")),
+                        worker=owner[1] or owner[0],
+                    ) from None
                 raise error(
                     f"no Agent registered in InfraEnv {namespace}/{infraenv} for the host by the deadline",
                     HubErrorType.AGENT_REGISTRATION_TIMEOUT,

@@ -1369,18 +1369,6 @@ class ClusterWorkersWorkflow:
             return [self._event(EventReason.AGENT_CORRELATED, f"Worker {name} matched its agent by MAC")]
         if after.phase == WorkerPhase.READY:
             return [self._event(EventReason.WORKER_READY, f"Worker {name} joined the cluster")]
-        if (
-            after.phase in LEAVING_PHASES
-            and after.last_failure_reason == FailureReason.HOST_LOST
-            and after.last_failure_time != before.last_failure_time
-        ):
-            return [
-                self._event(
-                    EventReason.WORKER_FAILED,
-                    f"Worker {name} lost its host ({FailureReason.HOST_LOST.value}): released and replaced",
-                    warning=True,
-                )
-            ]
         if after.phase == WorkerPhase.FAILED:
             reason = after.last_failure_reason
             kind = (
@@ -1440,6 +1428,16 @@ class ClusterWorkersWorkflow:
                 leaves = workflow.patched(ClusterPatch.LOST_HOSTS_REPLACED_BY_NEW_WORKERS.value)
                 if leaves:
                     slot.scale_down_sent = True
+                    # Said here, where it is decided, once: the worker may leave without saying why
+                    # (told to leave as well before it read the news, restarted after a stop).
+                    self._events.append(
+                        self._event(
+                            EventReason.WORKER_FAILED,
+                            f"Worker {slot.spec.name} lost its host ({FailureReason.HOST_LOST.value}):"
+                            " it is released and replaced",
+                            warning=True,
+                        )
+                    )
                     self._touch()  # the main loop starts its replacement
                 await self._tell_worker(slot, lost, leaves=leaves)
 

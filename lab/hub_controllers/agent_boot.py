@@ -325,7 +325,7 @@ class AgentBootSeam:
         if primary:
             with self._lock:
                 run.registering = config
-        code = await self._register(config, agent_name, macs)
+        code = await self._register(config, agent_name, macs, run if primary else None)
         if code is None:
             outcome = BootOutcome.UNREACHABLE
         elif code < 300:
@@ -385,7 +385,7 @@ class AgentBootSeam:
                 pause = min(pause * 2, 2.0)
 
     async def _register(
-        self, config: DiscoveryAgentConfig, agent_name: str, macs: Sequence[str]
+        self, config: DiscoveryAgentConfig, agent_name: str, macs: Sequence[str], run: _Run | None = None
     ) -> int | None:
         """POST the registration like the agent does, retrying while the service is unreachable or
         answers 409."""
@@ -401,6 +401,9 @@ class AgentBootSeam:
         async with httpx.AsyncClient(timeout=timeout, verify=not config.insecure) as client:
             while True:
                 code: int | None = None
+                if run is not None:
+                    with self._lock:  # only a deletion after this request went out counts
+                        run.deleted_while_registering = False
                 try:
                     response = await client.post(
                         config.registration_url, json=body, headers={AGENT_AUTH_HEADER: config.agent_token}

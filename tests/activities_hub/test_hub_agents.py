@@ -177,6 +177,45 @@ async def test_wait_and_hand_refuses_two_agents_with_the_hosts_macs(api, api_ass
         assert api.get("Agent", name)["spec"]["approved"] is False
 
 
+async def test_wait_and_hand_waits_while_the_hosts_agent_is_another_slots(api, api_assisted, kit):
+    """The host was slot 0's, deleted behind its back, wiped and given to slot 1 while slot 0 still
+    holds the Agent (named after the host). Slot 1's wait never takes it: it waits for slot 0's
+    release to delete it and hands the host's next registration over. Still held at the deadline,
+    it says whose it is (AgentOwnedElsewhere), not that nothing registered."""
+    api.nodepool("np", SELECTOR)
+    macs = kit.random_macs(2)
+    api.agent("host-a", macs)
+    await kit.run()(
+        api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs, worker="order-1-worker-0")
+    )
+    run = kit.run()
+    task = run.start(
+        api_assisted.wait_agent_and_hand, wait_and_hand_input(api, macs, worker="order-1-worker-1")
+    )
+    await run.first_heartbeat()
+    assert not task.done()
+    assert (
+        api.get("Agent", "host-a")["metadata"]["annotations"]["osac.openshift.io/worker"]
+        == "order-1-worker-0"
+    )
+    api.delete("Agent", "host-a")  # slot 0's release
+    api.agent("host-a", macs)  # the host registers again
+    outcome = await asyncio.wait_for(task, 30)
+    assert outcome.match.name == "host-a" and outcome.handed is not None
+    assert (
+        api.get("Agent", "host-a")["metadata"]["annotations"]["osac.openshift.io/worker"]
+        == "order-1-worker-1"
+    )
+
+    short = wait_and_hand_input(api, macs, worker="order-1-worker-2").model_copy(
+        update={"deadline": deadline(0.5)}
+    )
+    with pytest.raises(ApplicationError) as held:
+        await kit.run()(api_assisted.wait_agent_and_hand, short)
+    assert held.value.type == HubErrorType.AGENT_OWNED_ELSEWHERE and held.value.non_retryable
+    assert held.value.details[0]["worker"] == "order-1-worker-1"
+
+
 async def test_release_leaves_the_agent_handed_to_the_releasing_worker_for_its_unbind(api, api_assisted, kit):
     """A wait cancelled after its hand-off never told the workflow which Agent it handed: the
     release finds it by the slot's mark, returns it to be unbound, and deletes only stale ones."""
@@ -213,9 +252,10 @@ async def test_release_leaves_the_agent_handed_to_the_releasing_worker_for_its_u
 
 
 async def test_release_of_a_named_agent_never_deletes_another_workers(api, api_assisted, kit):
-    """Slot A's host was given to slot B behind A's back; B's wait matched A's Agent and B's hand-off
-    failed (AgentOwnedElsewhere). B's release names that Agent: it must be left to A. An unhanded
-    Agent is deleted as before, and one handed to B is returned for B's unbind."""
+    """Slot A's host was given to slot B behind A's back and B's hand-off of A's Agent failed
+    (AgentOwnedElsewhere: a concurrent hand-off, or a worker of before B's wait waited for A's
+    release). B's release names that Agent: it must be left to A. An unhanded Agent is deleted as
+    before, and one handed to B is returned for B's unbind."""
     api.nodepool("np", SELECTOR)
     host = kit.random_macs(2)
     api.agent("a1", [*host, kit.random_macs(1)[0]])  # the host's MACs plus an Agent-only NIC

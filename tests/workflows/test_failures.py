@@ -179,16 +179,15 @@ async def test_no_free_hosts_backs_off_then_recovers(stack: Stack) -> None:
     await _clean_decommission(stack, order)
 
 
-async def test_after_a_ready_that_lasted_the_backoff_starts_over_once_then_grows(stack: Stack) -> None:
-    """A worker Ready for `attempt_reset_after_ready` (here at once) loses its host: its backoff
-    starts over at the first step, once. The replacement's failures then back off longer each time,
-    as a worker that never was Ready would: a rack that lost power must not be retried at the
-    shortest interval for ever."""
+async def test_a_lost_hosts_replacement_backs_off_as_a_new_worker_does(stack: Stack) -> None:
+    """A Ready worker loses its host and no host is free: its replacement, a new worker, fails with
+    NoHostsAvailable at its first attempt and backs off the table's first step; the worker that lost
+    its host never fails (before, it failed in its slot and its backoff went on from the loss)."""
     api = stack.with_policy(
         ready_host_check=timedelta(seconds=1),
-        attempt_reset_after_ready=timedelta(0),
-        no_hosts_backoff=[timedelta(seconds=1), timedelta(seconds=60)],
-        no_hosts_backoff_cap=timedelta(seconds=60),
+        # The first step long enough to see the first failure, the second longer still.
+        no_hosts_backoff=[timedelta(seconds=20), timedelta(seconds=120)],
+        no_hosts_backoff_cap=timedelta(seconds=120),
     )
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1}, api)
@@ -199,13 +198,12 @@ async def test_after_a_ready_that_lasted_the_backoff_starts_over_once_then_grows
             await stack.bmaas_http.post(f"/lab/v1/baremetal_instances/{ready.resource_id}/break")
         ).raise_for_status()
         failed = await _failed_with(stack, order, FailureReason.NO_HOSTS_AVAILABLE)
-        # The host loss was failure 1 of this run of failures (backoff started over), this one is
-        # failure 2: the no-hosts table's second step, not its first (1 s).
-        assert failed.attempt_count == 2
+        assert failed.name != ready.name and failed.attempt_count == 1
         assert failed.next_retry_time is not None and failed.last_failure_time is not None
-        assert failed.next_retry_time - failed.last_failure_time >= timedelta(seconds=30)
+        assert failed.next_retry_time - failed.last_failure_time < timedelta(seconds=60)
     finally:
         await stack.clear_bmaas_faults()
+    await stack.wait_ready(order, 1)
     await _clean_decommission(stack, order)
 
 
