@@ -160,6 +160,16 @@ def test_a_config_fetch_is_retried_like_ignition_until_the_server_answers() -> N
         server.shutdown()
 
 
+def _registration_service(
+    handler: type[BaseHTTPRequestHandler],
+) -> tuple[ThreadingHTTPServer, DiscoveryAgentConfig]:
+    """A stand-in registration service on a free port, and an agent config that points at it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    return server, DiscoveryAgentConfig(service_url=url, infra_env_id="ie", agent_token="t")
+
+
 def test_a_registration_the_service_is_still_answering_is_waited_for_not_sent_again() -> None:
     """A slow answer must not make the agent register twice: a registration the service completes
     after the agent gave up on it re-registers the host, sending it back to discovery."""
@@ -178,11 +188,7 @@ def test_a_registration_the_service_is_still_answering_is_waited_for_not_sent_ag
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = DiscoveryAgentConfig(
-        service_url=f"http://127.0.0.1:{server.server_address[1]}", infra_env_id="ie", agent_token="t"
-    )
+    server, config = _registration_service(Slow)
 
     def register(answer_wait_s: float) -> int | None:
         posts.clear()
@@ -218,11 +224,7 @@ def test_a_registration_refused_as_an_installed_hosts_is_sent_again_until_taken(
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Service)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = DiscoveryAgentConfig(
-        service_url=f"http://127.0.0.1:{server.server_address[1]}", infra_env_id="ie", agent_token="t"
-    )
+    server, config = _registration_service(Service)
     seam = AgentBootSeam(FaultBook(), AgentTimings.zero())
     try:
         answers[:] = [409, 409]
