@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimedOut
 from temporalio.workflow import ActivityCancellationType
 
 from contracts.bmaas import NOT_SERVING_ERRORS
-from contracts.worker import TimingPolicy
+from contracts.worker import FailingRequests, TimingPolicy
 
 T = TypeVar("T")
 
@@ -71,6 +72,39 @@ def bmaas_not_serving(err: ActivityError) -> bool:
     if isinstance(cause, ActivityTimedOut):
         return True
     return isinstance(cause, ApplicationError) and cause.type in {t.value for t in NOT_SERVING_ERRORS}
+
+
+async def bmaas_call_through_outages(
+    call_round: Callable[[int, bool], Awaitable[T]],
+    *,
+    policy: TimingPolicy,
+    name: str,
+    on_failing: Callable[[FailingRequests | None], None],
+) -> T:
+    """Make a BMaaS call until it is answered, in rounds: `call_round(attempts, failing)` makes one
+    (`call_activity`'s `attempts` and `failing`). A round that runs out on BMaaS not serving calls
+    `on_failing` with since when it has (each round: it must be idempotent), one that runs out on a
+    wait (a BMI still being deleted) with None, and the end of the call (answered, failed for good,
+    cancelled) with None."""
+    first_round = attempts_before_shown(policy.bmaas_failing_shown_after)
+    attempts, failing, began = first_round, False, workflow.now()
+    try:
+        while True:
+            try:
+                return await call_round(attempts, failing)
+            except ActivityError as err:
+                if not ran_out_of_attempts(err):
+                    raise
+                failing = bmaas_not_serving(err)
+                if failing:
+                    workflow.logger.warning("BMaaS keeps failing %s, retrying: %s", name, err.cause or err)
+                    on_failing(FailingRequests(since=began))
+                else:
+                    began = workflow.now()
+                    on_failing(None)
+                attempts = ATTEMPTS_WHILE_FAILING if failing else first_round
+    finally:
+        on_failing(None)
 
 
 async def call_activity(

@@ -84,14 +84,7 @@ with workflow.unsafe.imports_passed_through():
         node_set_problem,
         worker_workflow_id,
     )
-    from workflows.activity_calls import (
-        ATTEMPTS_WHILE_FAILING,
-        CALL_RETRY,
-        attempts_before_shown,
-        bmaas_not_serving,
-        call_activity,
-        ran_out_of_attempts,
-    )
+    from workflows.activity_calls import CALL_RETRY, bmaas_call_through_outages, call_activity
     from workflows.metrics import record_order_counts
     from workflows.search_attributes import OSAC_CLUSTER_ORDER, worker_start_attributes
     from workflows.worker_node import WorkerNodeWorkflow
@@ -1687,42 +1680,32 @@ class ClusterWorkersWorkflow:
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
         """A BMaaS call, retried until answered; one that keeps failing shows the order's condition."""
-        first_round = attempts_before_shown(self._input.policy.bmaas_failing_shown_after)
-        attempts, failing = first_round, False
         self._bmaas_calls += 1
-        call, began = self._bmaas_calls, workflow.now()
-        try:
-            while True:
-                try:
-                    return await call_activity(
-                        name.value,
-                        arg,
-                        result_type,
-                        policy=self._input.policy,
-                        summary=summary,
-                        task_queue=self._input.bmaas_task_queue,
-                        attempts=attempts,
-                        failing=failing,
-                    )
-                except ActivityError as err:
-                    if not ran_out_of_attempts(err):
-                        raise
-                    failing = bmaas_not_serving(err)
-                    attempts = ATTEMPTS_WHILE_FAILING if failing else first_round
-                    if not failing:  # answered, with a wait
-                        began = workflow.now()
-                        if self._bmaas_failing.pop(call, None) is not None:
-                            self._show_bmaas_failing()
-                        continue
-                    workflow.logger.warning(
-                        "BMaaS keeps failing %s, retrying: %s", name.value, err.cause or err
-                    )
-                    if call not in self._bmaas_failing:
-                        self._bmaas_failing[call] = FailingRequests(since=began)
-                        self._show_bmaas_failing()
-        finally:
-            if self._bmaas_failing.pop(call, None) is not None:
+        call = self._bmaas_calls
+
+        def show(failing: FailingRequests | None) -> None:
+            if failing is None:
+                if self._bmaas_failing.pop(call, None) is not None:
+                    self._show_bmaas_failing()
+            elif call not in self._bmaas_failing:
+                self._bmaas_failing[call] = failing
                 self._show_bmaas_failing()
+
+        async def call_round(attempts: int, failing: bool) -> T:
+            return await call_activity(
+                name.value,
+                arg,
+                result_type,
+                policy=self._input.policy,
+                summary=summary,
+                task_queue=self._input.bmaas_task_queue,
+                attempts=attempts,
+                failing=failing,
+            )
+
+        return await bmaas_call_through_outages(
+            call_round, policy=self._input.policy, name=name.value, on_failing=show
+        )
 
     def _show_bmaas_failing(self) -> None:
         """FulfillmentServiceUnavailable while a BMaaS call of the order or of a worker keeps failing;

@@ -72,13 +72,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerReport,
         WorkerRevision,
     )
-    from workflows.activity_calls import (
-        ATTEMPTS_WHILE_FAILING,
-        attempts_before_shown,
-        bmaas_not_serving,
-        call_activity,
-        ran_out_of_attempts,
-    )
+    from workflows.activity_calls import bmaas_call_through_outages, call_activity, ran_out_of_attempts
     from workflows.metrics import record_correlation_duration, record_provisioning_duration
     from workflows.search_attributes import (
         OSAC_ATTEMPT,
@@ -1038,20 +1032,18 @@ class WorkerNodeWorkflow:
         the policy's `bmaas_failing_shown_after`, then made again: an outage is reported meanwhile."""
         assert self._input is not None
         shows_failing = task_queue == self._input.bmaas_task_queue and not wait and not local
-        first_round = attempts_before_shown(self._policy().bmaas_failing_shown_after) if shows_failing else 0
         # A report built before a round that runs out would carry a number the order has passed.
-        assert not (first_round and report_on_success), "a BMaaS call that may run out reports nothing"
+        assert not (shows_failing and report_on_success), "a BMaaS call that may run out reports nothing"
 
-        async def call_round(arg: Any, attempts: int, failing: bool) -> T:
+        async def call_round(attempts: int = 0, failing: bool = False) -> T:
             """One call with its retries. Raises AttemptFailed, CancelledError, or the ActivityError
             of a call that ran out of its `attempts` on an error that is retried."""
             delivery = self._report_delivery(arg, report_on_success)
-            if delivery is not None:
-                arg = arg.model_copy(update={"report": delivery})
+            sent = arg.model_copy(update={"report": delivery}) if delivery is not None else arg
             try:
                 result: T = await call_activity(
                     name,
-                    arg,
+                    sent,
                     result_type,
                     policy=self._policy(),
                     summary=summary,
@@ -1077,26 +1069,11 @@ class WorkerNodeWorkflow:
                 self._unsent = None
             return result
 
-        attempts, failing, began = first_round, False, workflow.now()
-        try:
-            while True:
-                try:
-                    return await call_round(arg, attempts, failing)
-                except ActivityError as err:  # out of attempts on an error that is retried
-                    failing = bmaas_not_serving(err)
-                    if failing:
-                        workflow.logger.warning(
-                            "BMaaS keeps failing %s, retrying: %s", name, err.cause or err
-                        )
-                        self._show_bmaas_failing(FailingRequests(since=began))
-                    else:  # BMaaS answers, with a wait (a BMI still being deleted)
-                        began = workflow.now()
-                        self._show_bmaas_failing(None)
-                    attempts = ATTEMPTS_WHILE_FAILING if failing else first_round
-        finally:
-            if first_round:
-                # Answered, or the step ended otherwise (a scale-down): the order is told at once.
-                self._show_bmaas_failing(None)
+        if not shows_failing:
+            return await call_round()
+        return await bmaas_call_through_outages(
+            call_round, policy=self._policy(), name=name, on_failing=self._show_bmaas_failing
+        )
 
     def _show_bmaas_failing(self, failing: FailingRequests | None) -> None:
         """Tell the order that BMaaS keeps failing this worker's call (once per outage), or no longer
