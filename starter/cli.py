@@ -45,7 +45,7 @@ from starter.runtime import (
     workers_api,
 )
 from starter.validation import InstanceTypeCatalog
-from worker.cli import QUIET_LOGGERS, codec_app, worker_command
+from worker.cli import codec_app, configure_logging, worker_command
 from worker.codec import CodecConfigError
 from worker.health import serve_health
 from worker.main import install_stop_signals
@@ -296,16 +296,12 @@ def controller(
     log_level: str = typer.Option("INFO", help="Python log level"),
 ) -> None:
     """Run the ClusterOrder controller until SIGTERM/SIGINT."""
-    if log_level.upper() not in logging.getLevelNamesMapping():
-        raise typer.BadParameter(f"{log_level!r} is not a log level", param_hint="'--log-level'")
     wrong = [n for n in namespace if not re.fullmatch(DNS_LABEL, n)]
     if wrong:  # a name no namespace can have would filter every order out, silently
         raise typer.BadParameter(
             f"not a namespace name: {', '.join(map(repr, wrong))}", param_hint="'--namespace'"
         )
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in QUIET_LOGGERS:  # request URLs at INFO are noise (and some carry tokens)
-        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    configure_logging(log_level)
     try:
         settings, starter = load_configuration()
     except ConfigError as err:

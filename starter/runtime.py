@@ -16,7 +16,7 @@ from starter.config import StarterSettings
 from starter.operations import OrderOperations
 from starter.orders import HubOrders
 from starter.validation import InstanceTypeCatalog
-from worker.main import bmaas_client
+from worker.main import HubUnusable, bmaas_client, hub_kube
 from worker.settings import ConfigError, Settings, load_settings
 from worker.temporal_client import connect_patiently
 
@@ -48,13 +48,9 @@ def load_configuration() -> tuple[Settings, StarterSettings]:
 def open_hub(settings: Settings) -> HubKube:
     """KUBECONFIG when set; in a pod, its service account; else the default kubeconfig."""
     try:
-        if settings.kubeconfig is not None:
-            return HubKube.from_kubeconfig(str(settings.kubeconfig))
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return HubKube.in_cluster()
-        return HubKube.from_kubeconfig(None)
-    except Exception as err:  # kubernetes.config.ConfigException and file errors
-        raise Unreachable(f"no usable hub configuration (set KUBECONFIG): {err}") from err
+        return hub_kube(settings)
+    except HubUnusable as err:
+        raise Unreachable(str(err)) from err
 
 
 async def connect_temporal(retry_for: float = 0.0) -> Client:

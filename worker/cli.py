@@ -13,7 +13,14 @@ import uvicorn
 from worker.codec import CodecConfigError, codec_from_env, data_converter, generate_key_entry
 from worker.codec_server import DEFAULT_UI_ORIGIN, AuthFile, create_codec_app, is_loopback
 from worker.health import split_bind
-from worker.main import BackendRejectedCredentials, MissingSearchAttributes, install_stop_signals, run_worker
+from worker.main import (
+    BackendRejectedCredentials,
+    HubUnusable,
+    MissingSearchAttributes,
+    hub_kube,
+    install_stop_signals,
+    run_worker,
+)
 from worker.rotation import ROTATED_EXIT_CODE, read_once, run_until_rotated, stamps
 from worker.settings import CodecSettings, ConfigError, Settings, env_variable, load_settings
 from worker.telemetry import setup_telemetry
@@ -26,7 +33,11 @@ QUIET_LOGGERS = ("httpx", "httpcore", "urllib3", "kubernetes")
 log = logging.getLogger(__name__)
 
 
-def _logging(level: str) -> None:
+def configure_logging(level: str) -> None:
+    """The root logger at `level` (`--log-level`: an unknown one is bad usage, exit 2), the noisy
+    client libraries at WARNING at least."""
+    if level.upper() not in logging.getLevelNamesMapping():
+        raise typer.BadParameter(f"{level!r} is not a log level", param_hint="'--log-level'")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
@@ -43,7 +54,7 @@ def worker_command(
     log_level: str = typer.Option("INFO", help="Python log level"),
 ) -> None:
     """Run workflows and activities (configuration from the environment: see the README)."""
-    _logging(log_level)
+    configure_logging(log_level)
     try:
         settings = load_settings(Settings)
         # The key ring is read here, before anything starts, and handed to connect().
@@ -58,6 +69,13 @@ def worker_command(
     except RuntimeError as err:  # e.g. the metrics port is taken
         typer.echo(f"error: cannot start telemetry: {err}", err=True)
         raise typer.Exit(2) from err
+
+    try:
+        kube = hub_kube(settings)  # before Temporal: a configuration error shows at once
+    except HubUnusable as err:
+        typer.echo(f"error: {err}", err=True)
+        telemetry.shutdown()
+        raise typer.Exit(3) from err
 
     async def main() -> None:
         tls = stamps(read_once(settings))  # before the connection reads them
@@ -75,7 +93,7 @@ def worker_command(
             raise typer.Exit(3) from err
         stop = asyncio.Event()
         install_stop_signals(stop)
-        if await run_until_rotated(tls, stop, lambda: run_worker(client, settings, stop)):
+        if await run_until_rotated(tls, stop, lambda: run_worker(client, settings, stop, kube)):
             raise typer.Exit(ROTATED_EXIT_CODE)
 
     try:
@@ -106,7 +124,7 @@ def codec_serve_command(
     log_level: str = typer.Option("INFO", help="Python log level"),
 ) -> None:
     """Serve /encode and /decode for the Web UI (`temporal server start-dev --ui-codec-endpoint URL`)."""
-    _logging(log_level)
+    configure_logging(log_level)
     try:
         settings = load_settings(CodecSettings)
         codec = codec_from_env(settings)

@@ -84,13 +84,21 @@ class Backends:
         await self.kube.close()
 
 
+class HubUnusable(RuntimeError):
+    """No usable hub configuration (the README's exit 3)."""
+
+
 def hub_kube(settings: Settings) -> HubKube:
-    """The hub from KUBECONFIG; without one, inside a pod, the pod's service account."""
-    if settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return HubKube.in_cluster(max_workers=settings.blocking_threads)
-    return HubKube.from_kubeconfig(
-        str(settings.kubeconfig) if settings.kubeconfig else None, max_workers=settings.blocking_threads
-    )
+    """The hub from KUBECONFIG; without one, inside a pod, the pod's service account, else the
+    default kubeconfig (~/.kube/config)."""
+    try:
+        if settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return HubKube.in_cluster(max_workers=settings.blocking_threads)
+        return HubKube.from_kubeconfig(
+            str(settings.kubeconfig) if settings.kubeconfig else None, max_workers=settings.blocking_threads
+        )
+    except Exception as err:  # kubernetes.config.ConfigException, and file errors
+        raise HubUnusable(f"no usable hub configuration (set KUBECONFIG): {err}") from err
 
 
 def bmaas_client(settings: Settings) -> BmaasClient:
@@ -105,8 +113,9 @@ def bmaas_client(settings: Settings) -> BmaasClient:
 
 
 @contextlib.asynccontextmanager
-async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
-    kube = hub_kube(settings)
+async def open_backends(settings: Settings, kube: HubKube | None = None) -> AsyncIterator[Backends]:
+    """The backends' clients and activities, closed on exit; `kube`: a hub client built already."""
+    kube = kube or hub_kube(settings)
     bmaas = bmaas_client(settings)
     watcher = BmiWatcher(bmaas)
     if settings.role != WorkerRole.WORKFLOWS:  # no BMaaS activity runs in a workflow process
@@ -140,6 +149,12 @@ async def check_credentials(backends: Backends, settings: Settings) -> None:
     try:
         await backends.bmaas_client.request("GET", "/bare_metal_instance_types", params={"limit": 1})
     except BmaasApiError as err:
+        if err.error_type == BmaasErrorType.TOKEN_UNAVAILABLE:
+            # Not an outage: the mounted Secret is missing or empty; every call would be refused.
+            raise BackendRejectedCredentials(
+                f"{err} (missing, unreadable or empty): OSAC_FULFILLMENT_TOKEN_FILE names the file"
+                " holding the BMaaS bearer token"
+            ) from None
         if err.error_type in (BmaasErrorType.UNAUTHENTICATED, BmaasErrorType.PERMISSION_DENIED):
             raise BackendRejectedCredentials(
                 f"BMaaS at {settings.fulfillment_url} rejected the token read from"
@@ -223,13 +238,15 @@ def build_workers(client: Client, settings: Settings, backends: Backends) -> lis
     return [main, bmaas]
 
 
-async def run_worker(client: Client, settings: Settings, stop: asyncio.Event) -> None:
+async def run_worker(
+    client: Client, settings: Settings, stop: asyncio.Event, kube: HubKube | None = None
+) -> None:
     """Run until `stop` is set, then shut down gracefully (in-flight activities get the timeout).
 
     With OSAC_HEALTH_BIND set, serves /healthz (every Temporal worker still running) and /readyz
     (all started and not stopping) while it runs. A fatal worker error ends this call with it."""
     await check_search_attributes(client)
-    async with open_backends(settings) as backends:
+    async with open_backends(settings, kube) as backends:
         check_registered_activities(backends)
         await check_credentials(backends, settings)
         use_batch_window(client, settings.report_batch_window_seconds)

@@ -41,10 +41,15 @@ class WorkerRole(StrEnum):
     ACTIVITIES = "activities"  # the hub and BMaaS activity tasks
 
 
+_DAY = 86400.0
+
+
 class Settings(BaseSettings):
     """`TEMPORAL_*` connection settings are read by `temporalio.envconfig` (profiles, TLS, API key)."""
 
-    model_config = SettingsConfigDict(env_prefix="OSAC_", extra="ignore")
+    # No inf or nan anywhere, and every duration bounded: timedelta() overflows on huge values, after
+    # Temporal was connected, as a traceback.
+    model_config = SettingsConfigDict(env_prefix="OSAC_", extra="ignore", allow_inf_nan=False)
 
     fulfillment_url: str = Field(
         default="http://127.0.0.1:8100",
@@ -88,15 +93,15 @@ class Settings(BaseSettings):
     # any worker instead: a timeout adds two events and a full replay. 60 s removed every timeout
     # at 500 workers in flight. After a SIGKILL the server keeps using the dead process's queue for
     # a few seconds (until it sees nobody polls it): a task that lands there then waits this long.
-    sticky_queue_timeout_seconds: float = Field(default=60.0, gt=0)
+    sticky_queue_timeout_seconds: float = Field(default=60.0, gt=0, le=_DAY)
     # How long a worker report waits for others to the same cluster workflow, so a burst of phase
     # changes reaches it in a few signals (each wakes it: history events). 0: send at once.
     report_batch_window_seconds: float = Field(default=DEFAULT_BATCH_WINDOW_S, ge=0, le=5)
-    graceful_shutdown_seconds: float = Field(default=30.0, ge=0)
+    graceful_shutdown_seconds: float = Field(default=30.0, ge=0, le=_DAY)
     # The worker and the controller keep trying to reach Temporal this long at start (0: once).
-    temporal_connect_seconds: float = Field(default=120.0, ge=0)
+    temporal_connect_seconds: float = Field(default=120.0, ge=0, le=_DAY)
     controller_namespaces: list[str] = Field(default_factory=list, description="empty: all namespaces")
-    controller_resync_seconds: float = Field(default=300.0, gt=0)
+    controller_resync_seconds: float = Field(default=300.0, gt=0, le=_DAY)
     metrics_bind: str | None = Field(
         default=None,
         description="host:port of the Prometheus endpoint (/metrics) of the Temporal runtime; off when unset",
@@ -244,15 +249,14 @@ def _problem(cls: type[BaseSettings], error: ErrorDetails) -> str:
     where = env_variable(cls, str(first)) + "".join(f"[{part}]" for part in rest)
     value = error.get("input")
     plain = error["loc"] and isinstance(value, str | int | float) and not _secret(_field_of(cls, str(first)))
-    shown = f" (got {_without_userinfo(value)!r})" if plain else ""
+    shown = f" (got {value!r})" if plain and not _may_carry_credentials(value) else ""
     return f"{where}: {error['msg']}{shown}"
 
 
-def _without_userinfo(value: object) -> object:
-    """A URL that may carry `user:password@` is never echoed back in an error."""
-    if isinstance(value, str) and "://" in value and "@" in value:
-        return "<a URL with credentials, not shown>"
-    return value
+def _may_carry_credentials(value: object) -> bool:
+    """A value with `user:password@` (with a scheme or without) or a query or fragment (a token
+    passed as `?access_token=`) is never echoed back in an error."""
+    return isinstance(value, str) and any(mark in value for mark in "@?#")
 
 
 _SETTINGS_FIELD = re.compile(r'field "([^"]+)"')

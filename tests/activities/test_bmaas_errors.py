@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -241,3 +242,27 @@ async def test_a_token_that_cannot_see_the_canary_stops_the_worker_at_start(harn
                     await check_credentials(backends, settings)
         finally:
             await client.aclose()
+
+
+@pytest.mark.parametrize("content", [None, "  \n"], ids=["missing", "empty"])
+async def test_a_token_file_missing_or_empty_stops_the_worker_at_start(
+    harness: Harness, tmp_path: Path, content: str | None
+) -> None:
+    """It was logged as "BMaaS is not answering" and the worker started, every call then refused."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from worker.main import BackendRejectedCredentials, check_credentials
+    from worker.settings import Settings
+
+    token_file = tmp_path / "token"
+    if content is not None:
+        token_file.write_text(content)
+    settings = Settings(fulfillment_url=harness.twin.url, fulfillment_token_file=token_file)
+    client = BmaasClient(harness.twin.url, token_file)
+    try:
+        with pytest.raises(BackendRejectedCredentials) as err:
+            await check_credentials(cast(Any, SimpleNamespace(bmaas_client=client)), settings)
+        assert str(token_file) in str(err.value) and "OSAC_FULFILLMENT_TOKEN_FILE" in str(err.value)
+    finally:
+        await client.aclose()

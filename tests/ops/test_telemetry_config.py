@@ -208,7 +208,9 @@ def test_the_fulfillment_url_is_checked_when_the_settings_load(
     with pytest.raises(ConfigError) as err:
         load_settings(Settings)
     (line,) = err.value.problems
-    assert line.startswith("OSAC_FULFILLMENT_URL: ") and problem in line and repr(url) in line
+    assert line.startswith("OSAC_FULFILLMENT_URL: ") and problem in line
+    # Echoed, unless it has a query or fragment (a token may ride in one).
+    assert (repr(url) in line) is ("?" not in url), line
 
 
 def test_a_fulfillment_url_with_credentials_is_refused_without_echoing_them(
@@ -218,6 +220,7 @@ def test_a_fulfillment_url_with_credentials_is_refused_without_echoing_them(
         "https://robot:s3cret-pass@fulfillment.example.com",
         "https://robot:s3cret/pass@fulfillment.example.com",  # a '/' in a token ends the netloc
         "https://robot:123/s3cret@fulfillment.example.com",
+        "robot:s3cret@fulfillment.example.com",  # no scheme
     ):
         monkeypatch.setenv("OSAC_FULFILLMENT_URL", url)
         with pytest.raises(ConfigError) as err:
@@ -225,6 +228,71 @@ def test_a_fulfillment_url_with_credentials_is_refused_without_echoing_them(
         (line,) = err.value.problems
         assert "credentials do not belong in the URL" in line, line
         assert "s3cret" not in line and "robot" not in line, line
+    for url in (
+        "https://fulfillment.example.com/?access_token=s3cret",
+        "https://fulfillment.example.com#s3cret",
+    ):
+        monkeypatch.setenv("OSAC_FULFILLMENT_URL", url)
+        with pytest.raises(ConfigError) as err:
+            load_settings(Settings)
+        (line,) = err.value.problems
+        assert "must not have a query or a fragment" in line and "s3cret" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("OSAC_GRACEFUL_SHUTDOWN_SECONDS", "inf", "finite number"),
+        ("OSAC_STICKY_QUEUE_TIMEOUT_SECONDS", "1e300", "less than or equal to 86400"),
+        ("OSAC_TEMPORAL_CONNECT_SECONDS", "nan", "finite number"),
+        ("OSAC_CONTROLLER_RESYNC_SECONDS", "1e12", "less than or equal to 86400"),
+        ("OSAC_BMAAS_ACTIVITIES_PER_SECOND", "inf", "finite number"),
+    ],
+)
+def test_durations_a_process_cannot_use_are_refused_when_the_settings_load(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, problem: str
+) -> None:
+    """They loaded, and timedelta() raised OverflowError once Temporal was connected: a traceback."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as err:
+        load_settings(Settings)
+    (line,) = err.value.problems
+    assert line.startswith(f"{variable}: ") and problem in line, line
+
+
+def _worker_app(monkeypatch: pytest.MonkeyPatch) -> typer.Typer:
+    monkeypatch.setenv("OSAC_TEMPORAL_CONNECT_SECONDS", "0")  # never wait for a Temporal
+    monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:1")  # none there
+    monkeypatch.setattr(telemetry, "_process_telemetry", None)  # the worker sets it up, once a process
+    app = typer.Typer()
+    app.command()(worker_command)
+    return app
+
+
+def test_an_unknown_log_level_is_bad_usage_naming_the_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was a ValueError traceback from logging.basicConfig, exit 1."""
+    for app, args in (
+        (_worker_app(monkeypatch), ["--log-level", "chatty"]),
+        (codec_app, ["serve", "--log-level", "chatty"]),
+    ):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "--log-level" in result.output and "'chatty' is not a log level" in result.output
+
+
+def test_a_worker_without_a_usable_kubeconfig_says_so_before_it_connects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 3 naming the hub configuration (the README's promise), before any attempt to reach
+    Temporal; it was a ConfigException traceback, exit 1, once Temporal had answered."""
+    app = _worker_app(monkeypatch)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    for kubeconfig in (tmp_path / "missing", tmp_path):
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        result = CliRunner().invoke(app, [])
+        assert result.exit_code == 3, result.output
+        assert "no usable hub configuration (set KUBECONFIG)" in result.output, result.output
+        assert "cannot reach Temporal" not in result.output
 
 
 @pytest.mark.parametrize(
