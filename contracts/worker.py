@@ -143,6 +143,14 @@ def _seconds(*values: float) -> list[timedelta]:
     return [timedelta(seconds=v) for v in values]
 
 
+def _steps(policy: BaseModel, name: str) -> list[tuple[str, timedelta]]:
+    """A duration field's values, each with where it is (`name`, or `name.index` in a list)."""
+    value = getattr(policy, name)
+    if isinstance(value, list):
+        return [(f"{name}.{i}", step) for i, step in enumerate(value)]
+    return [(name, value)] if isinstance(value, timedelta) else []
+
+
 _POSITIVE = (
     "agent_registration_timeout",
     "agent_install_timeout",
@@ -166,6 +174,11 @@ _NOT_NEGATIVE = (
     "attempt_reset_after_ready",
     "status_coalesce",
 )
+
+
+# The longest value a policy may hold: now + this, a backoff step doubled 16 times, and a protobuf
+# Duration must all stay within what datetime, timedelta and Temporal can hold.
+LONGEST_POLICY_DURATION = timedelta(days=3650)
 
 
 class TimingPolicy(BaseModel):
@@ -220,16 +233,21 @@ class TimingPolicy(BaseModel):
     def problems(self) -> list[str]:
         """Values a started workflow could not live with, one line each naming the field: a zero
         or negative timeout or recheck (a wait timed out at once, a loop without pause; some fail
-        the workflow task for good while it holds a host), a negative backoff step or cap."""
+        the workflow task for good while it holds a host), a negative backoff step or cap, a value
+        over LONGEST_POLICY_DURATION (a deadline past what datetime holds fails the workflow task
+        for good, with a host allocated)."""
         found: list[str] = []
         for name in _POSITIVE:
             if getattr(self, name) <= timedelta(0):
                 found.append(f"{name}: must be greater than 0")
         for name in _NOT_NEGATIVE:
-            value = getattr(self, name)
-            for where, step in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            for where, step in _steps(self, name):
                 if step < timedelta(0):
-                    found.append(f"{name}{'' if where is None else f'.{where}'}: must not be negative")
+                    found.append(f"{where}: must not be negative")
+        for name in type(self).model_fields:
+            for where, step in _steps(self, name):
+                if step > LONGEST_POLICY_DURATION:
+                    found.append(f"{where}: must be at most {LONGEST_POLICY_DURATION.days} days")
         return found
 
     def backoff(self, reason: FailureReason, failures_in_a_row: int) -> timedelta:

@@ -199,6 +199,9 @@ def test_timing_policy_presets_and_overrides(tmp_path: Path, monkeypatch: pytest
             "transient_backoff.1: must not be negative",
         ),
         ({"no_hosts_backoff_cap": -1}, "no_hosts_backoff_cap: must not be negative"),
+        # A deadline past what datetime holds failed the workflow task for good, with a host allocated.
+        ({"bmi_running_timeout": "P3000000D"}, "bmi_running_timeout: must be at most 3650 days"),
+        ({"transient_backoff": ["PT1S", "P3651D"]}, "transient_backoff.1: must be at most 3650 days"),
         ({"agent_registration_timout": "PT45M"}, "agent_registration_timout: Extra inputs are not permitted"),
     ):
         overrides.write_text(json.dumps(bad))
