@@ -153,14 +153,7 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
                 BareMetalNodeRequest(name=instance_type, instance_type=instance_type, count=count)
             )
 
-    attachment = spec.get("networkAttachment")
-    network = None
-    if isinstance(attachment, dict):
-        groups = attachment.get("securityGroupRefs") or []
-        network = NetworkAttachmentRef(
-            subnet=attachment.get("subnetRef"),
-            security_groups=tuple(str(g) for g in groups if isinstance(g, str)),
-        )
+    network, invalid_network = _network_attachment(spec.get("networkAttachment"))
 
     m = meta(obj)
     annotations = m.get("annotations") if isinstance(m.get("annotations"), dict) else {}
@@ -181,10 +174,34 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
         network_attachment=network,
         node_sets=node_sets,
         invalid_node_requests=invalid,
+        invalid_network_attachment=invalid_network,
         cluster_reference=cluster_reference_of(obj),
         deleting=bool(m.get("deletionTimestamp")),
         management_state=state,
     )
+
+
+def _network_attachment(attachment: object) -> tuple[NetworkAttachmentRef | None, list[str]]:
+    """The attachment's references, and what is wrong with them. An empty or repeated security
+    group name is a problem the tenant is told of, and is left out: "" names no group (BMaaS
+    refuses every create and update with it) and a repeat adds none."""
+    if not isinstance(attachment, dict):
+        return None, []
+    problems: list[str] = []
+    groups: list[str] = []
+    refs = attachment.get("securityGroupRefs") or []
+    for index, group in enumerate(refs if isinstance(refs, list) else []):
+        where = f"networkAttachment.securityGroupRefs[{index}]"
+        if not isinstance(group, str) or not group.strip():
+            problems.append(f"{where}: not a security group name")
+        elif group in groups:
+            problems.append(f"{where}: {group} is listed twice")
+        else:
+            groups.append(group)
+    subnet = attachment.get("subnetRef")
+    return NetworkAttachmentRef(
+        subnet=subnet if isinstance(subnet, str) else None, security_groups=tuple(groups)
+    ), problems
 
 
 def cluster_reference_of(obj: KubeObject) -> ClusterReference | None:

@@ -20,10 +20,12 @@ def desired_node_sets(facts: OrderFacts) -> list[NodeSetRequest]:
 
 
 def order_problem(facts: OrderFacts) -> str | None:
-    """Node requests the order parser already refused (malformed or duplicate instance types)."""
-    if not facts.invalid_node_requests:
+    """What the order parser already refused: malformed or duplicate instance types, empty or
+    repeated security group names."""
+    found = [*facts.invalid_node_requests, *facts.invalid_network_attachment]
+    if not found:
         return None
-    return "spec." + "; spec.".join(facts.invalid_node_requests)
+    return "spec." + "; spec.".join(found)
 
 
 class InstanceTypeCatalog:

@@ -437,6 +437,19 @@ async def order_instance_type_with_a_trailing_newline(ctx: Ctx) -> Seen:
     return await _rejected_order(ctx, [{"numberOfNodes": 1, "bareMetal": {"instanceType": "bm-standard\n"}}])
 
 
+async def order_empty_and_repeated_security_groups(ctx: Ctx) -> Seen:
+    """The CRD lets `""` through (no minLength on the items): every BMI create was refused by BMaaS
+    and each worker showed a generic BMIProvisioningFailed for good, its field never named."""
+    order = await ctx.managed_order(
+        bare_metal(bm_standard=1),
+        networkAttachment={"subnetRef": "subnet-a", "securityGroupRefs": ["", "sg-1", "sg-1"]},
+    )
+    cond = await wait_condition(ctx.stack, order, "NodeRequestsValid", "False")
+    await wait_observed(ctx.stack, ctx.ctl, order)
+    assert await ctx.stack.api.workflow_state(order) == WorkflowState.ABSENT  # nothing started
+    return Seen(f"{cond['reason']}: {cond['message']}", order)
+
+
 async def order_missing_pull_secret(ctx: Ctx) -> Seen:
     return await _pull_secret_surfaces(ctx, None)
 
@@ -856,6 +869,15 @@ ROWS = [
         "ClusterOrder condition",
         order_instance_type_with_a_trailing_newline,
         ("InvalidNodeRequests: spec.nodeRequests[0]: instance type is not a DNS label",),
+    ),
+    Row(
+        "order-empty-and-repeated-security-groups",
+        "ClusterOrder condition",
+        order_empty_and_repeated_security_groups,
+        (
+            "InvalidNodeRequests: spec.networkAttachment.securityGroupRefs[0]: not a security group"
+            " name; spec.networkAttachment.securityGroupRefs[2]: sg-1 is listed twice",
+        ),
     ),
     Row(
         "order-missing-pull-secret",
