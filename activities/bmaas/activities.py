@@ -592,6 +592,7 @@ class BmaasActivities:
         return InstancesWithMacs(bmi_ids=sorted(found))
 
     @activity.defn
+    @refusals_waited_out  # given up on, a refusal would leave lost hosts unnoticed, and unshown
     async def find_lost_instances(self, req: FindLostInstancesInput) -> LostInstances:
         """Of the given BMIs (an order's Ready workers'), those whose host no longer runs their
         node: FAILED, DELETING, or gone. One list of the order's BMIs answers for most; a BMI missing

@@ -110,6 +110,7 @@ async def _condition(stack: Stack, order: OrderRef, kind: str) -> dict[str, Any]
 
 
 CREATE = "POST /api/private/v1/baremetal_instances"
+LIST = "GET /api/private/v1/baremetal_instances"
 
 
 async def _one_worker_with_a_faulty_create(
@@ -547,6 +548,30 @@ async def test_a_boot_image_lookup_bmaas_does_not_answer_is_shown_on_the_order(s
     finally:
         await stack.clear_bmaas_faults()
     await stack.wait_ready(order, 1)
+    cond = await _service_condition(stack, order, "False")
+    assert cond["reason"] == "Available"
+    await _clean_decommission(stack, order)
+
+
+async def test_a_ready_host_check_bmaas_refuses_is_shown_on_the_order_and_kept_up(stack: Stack) -> None:
+    """BMaaS refuses the order's check of its Ready workers' hosts (403: a list permission a rollout
+    forgot). The refusal was final for the activity: the check logged a warning and gave up at
+    every `ready_host_check`, so a host lost meanwhile went unnoticed and nothing was shown. It is
+    now retried like the workers' calls and shown (FulfillmentServiceUnavailable=True for the
+    order) until BMaaS answers again."""
+    api = stack.with_policy(
+        bmaas_failing_shown_after=timedelta(seconds=1), ready_host_check=timedelta(seconds=1)
+    )
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await stack.wait_ready(order, 1)
+    await stack.set_bmaas_faults(routes={LIST: {"error_rate": 1.0, "error_code": 7}})
+    try:
+        cond = await _service_condition(stack, order, "True")
+        assert cond["reason"] == "RequestsFailing"
+        assert "for the order" in cond["message"] and "worker(s)" not in cond["message"]
+    finally:
+        await stack.clear_bmaas_faults()
     cond = await _service_condition(stack, order, "False")
     assert cond["reason"] == "Available"
     await _clean_decommission(stack, order)
