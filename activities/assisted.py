@@ -28,6 +28,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent_watch import AgentWatches
+from activities.bmaas.errors import BmaasApiError
+from activities.bmaas.watcher import BmiWatcher, Gone, Observed
 from activities.heartbeats import Heartbeat, tick_seconds
 from activities.hub import (
     MAX_CONFLICT_RETRIES,
@@ -70,6 +72,7 @@ from activities.order_events import write_order_event
 from activities.reporting import delivers_reports
 from activities.timestamps import parse_time
 from contracts.activities import HubActivity
+from contracts.bmaas import LOST_STATES
 from contracts.hub import (
     AGENT_INSTALL_FAILED_STATES,
     AGENT_MACHINE_REF_LABEL,
@@ -340,6 +343,24 @@ class InventoryGuard:
         return bool(young) and time.monotonic() - self._first_seen < self._newcomer_grace
 
 
+def raise_if_host_lost(bmi_id: str, observed: Observed, agent: str) -> None:
+    """HostLost (non-retryable: the attempt fails and is released) once the BMI is not running its
+    host any more."""
+    if isinstance(observed, Gone):
+        why = "is gone"
+    elif observed.state in LOST_STATES:
+        why = f"is {observed.state.value}"
+    else:
+        return
+    raise error(
+        f"BMI {bmi_id} {why}: its host is not this worker's any more, and Agent {agent} is not taken for it",
+        HubErrorType.HOST_LOST,
+        non_retryable=True,
+        bmi_id=bmi_id,
+        name=agent,
+    )
+
+
 def _held_elsewhere(input: WaitAgentInput, agents: list[KubeObject]) -> KubeObject | None:
     """The Agent reporting one of the BMI's MACs that still carries another slot's hand-off, for the
     waits that hand the Agent over (they know their slot); None if there is none."""
@@ -413,9 +434,11 @@ class AssistedActivities:
         ignition_limit_bytes: int = IGNITION_LIMIT_BYTES,
         ignition_timeout: float = 30.0,
         newcomer_grace: float = NEWCOMER_GRACE_S,
+        hosts: BmiWatcher | None = None,
     ) -> None:
         self._kube = kube
         self._newcomer_grace = newcomer_grace
+        self._hosts = hosts  # the process's BMI watcher: is a worker's host still its BMI's?
         kube.informer(AGENTS).add_index(agent_index_keys)
         self._http = http
         self._ignitions: InFlight[tuple[str, str], str] = InFlight()
@@ -962,6 +985,7 @@ class AssistedActivities:
         every = tick_seconds(self._heartbeat_every)
         while True:
             match, peers = await self._await_agent(input, self._match_progress(input, every), every)
+            await self._check_host(input.bmi_id, match.name)
             if match.unmatched_macs:
                 return AgentHandOff(match=match)
             request = HandAgentInput(
@@ -990,6 +1014,23 @@ class AssistedActivities:
                 activity.logger.info("Agent %s vanished before its hand-off: waiting again", match.name)
                 continue
             return AgentHandOff(match=match, handed=handed)
+
+    async def _check_host(self, bmi_id: str | None, agent: str) -> None:
+        """HostLost when the BMI is deleting, failed or gone: its host is wiped and may already be
+        another slot's BMI's, registered for that slot with the same MACs and Agent name. Decided on
+        the process's BMI watcher (its stream has seen the deletion long before the host, wiped,
+        reallocated and booted, registers again); one GET when it knows nothing of the BMI. A
+        BMaaS that does not answer holds nothing back."""
+        if bmi_id is None or self._hosts is None:
+            return
+        observed = self._hosts.observed(bmi_id)
+        if observed is None:
+            try:
+                observed = await self._hosts.refresh(bmi_id)
+            except BmaasApiError as err:
+                activity.logger.info("BMI %s not checked before Agent %s is taken: %s", bmi_id, agent, err)
+                return
+        raise_if_host_lost(bmi_id, observed, agent)
 
     async def _await_match(self, input: WaitAgentInput) -> AgentMatch:
         match, _ = await self._await_agent(input)
@@ -1256,6 +1297,10 @@ class AssistedActivities:
         last: dict[str, Any] = {}
 
         def evaluate(agent: KubeObject | None) -> AgentInstalled | None:
+            if input.bmi_id is not None and self._hosts is not None:
+                observed = self._hosts.observed(input.bmi_id)
+                if observed is not None:
+                    raise_if_host_lost(input.bmi_id, observed, ref.name)
             if agent is None:
                 raise self._install_failed(ref, "the Agent was deleted", last)
             progress = agent_progress(ref, agent)

@@ -182,6 +182,7 @@ class HubErrorType(StrEnum):
     AGENT_NOT_FOUND = "AgentNotFound"
     AGENT_OWNED_ELSEWHERE = "AgentOwnedElsewhere"
     # The values below equal contracts.worker.FailureReason values on purpose.
+    HOST_LOST = "HostLost"
     AMBIGUOUS_AGENT_MATCH = "AmbiguousAgentMatch"
     AGENT_REGISTRATION_TIMEOUT = "AgentRegistrationTimeout"
     AGENT_INSTALL_FAILED = "AgentInstallFailed"
@@ -209,6 +210,7 @@ NON_RETRYABLE_HUB_ERRORS: frozenset[HubErrorType] = frozenset(
         HubErrorType.CLUSTER_REFERENCE_TIMEOUT,
         HubErrorType.AGENT_NOT_FOUND,
         HubErrorType.AGENT_OWNED_ELSEWHERE,
+        HubErrorType.HOST_LOST,
         HubErrorType.AMBIGUOUS_AGENT_MATCH,
         HubErrorType.AGENT_REGISTRATION_TIMEOUT,
         HubErrorType.AGENT_INSTALL_FAILED,
@@ -533,6 +535,11 @@ class HandAgentInput(HandOffTerms, CarriesReport):
 class WaitAndHandAgentInput(WaitAgentInput, HandOffTerms, CarriesReport):
     """wait_agent_and_hand: the wait's terms, and the hand-off that follows it at once."""
 
+    # The BMI whose host the Agent must be: one deleted or failed meanwhile fails the wait (HostLost)
+    # instead of handing over an Agent its host, wiped and given to another slot, registered for
+    # that slot. None, as from a workflow older than the field: not checked.
+    bmi_id: str | None = None
+
 
 class ReplicaSync(BaseModel):
     nodepool: NodePoolRef
@@ -575,6 +582,9 @@ class WaitAgentInstalledInput(CarriesReport):
     # (a drain that hangs) is not failed: its window starts again once the removal is done.
     nodepool: NodePoolRef | None = None
     timeout: timedelta | None = Field(default=None, gt=timedelta(0))
+    # The BMI the Agent's host is: one deleted or failed meanwhile fails the wait (HostLost), before
+    # the host, wiped and registered again for another slot, can be installed as this worker.
+    bmi_id: str | None = None
 
     @field_validator("deadline")
     @classmethod

@@ -121,7 +121,7 @@ async def open_backends(settings: Settings, kube: HubKube | None = None) -> Asyn
     if settings.role != WorkerRole.WORKFLOWS:  # no BMaaS activity runs in a workflow process
         watcher.start()
     ignition_http = httpx.AsyncClient(timeout=30.0)
-    assisted = AssistedActivities(kube, ignition_http)
+    assisted = AssistedActivities(kube, ignition_http, hosts=watcher)
     backends = Backends(
         bmaas_client=bmaas,
         bmi_watcher=watcher,

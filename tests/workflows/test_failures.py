@@ -18,13 +18,16 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from activities.bmaas.snapshot import BmiSnapshot
 from contracts.activities import BmaasActivity, HubActivity
 from contracts.hub import WORKER_LABEL, WaitAgentInstalledInput, WaitAndHandAgentInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
 from contracts.workflows import worker_workflow_id
+from lab.hub_controllers.inventory import host_inventory, to_agent_inventory
 from starter.api import WorkersApi
 from tests.workflows.stack import (
+    AGENT_API,
     RELEASE_IMAGE,
     Stack,
     eventually,
@@ -36,6 +39,7 @@ from tests.workflows.stack import (
 from workflows.cluster_workers import ClusterPatch
 
 ALL = {"rate": 1.0}
+INFRAENV_LABEL = "infraenvs.agent-install.openshift.io"
 REGRESSIONS = Path(__file__).parent / "histories" / "regressions"
 
 
@@ -575,6 +579,96 @@ async def test_a_ready_host_check_bmaas_refuses_is_shown_on_the_order_and_kept_u
     cond = await _service_condition(stack, order, "False")
     assert cond["reason"] == "Available"
     await _clean_decommission(stack, order)
+
+
+async def test_a_host_deleted_behind_a_waiting_worker_is_not_taken_when_it_registers_again(
+    stack: Stack,
+) -> None:
+    """A worker waits for its host's Agent; an admin deletes its BMI meanwhile. The host is wiped and
+    may be another slot's BMI's at once, registering for that slot with the same MACs: the waiting
+    worker took that Agent (the same MACs it waited for) and installed itself on a host BMaaS gave to
+    another BMI, which that BMI's release would later wipe. Now its attempt fails as HostLost, the
+    registration is never approved nor labelled, and the worker tries again with a new host."""
+    api = stack.with_policy(agent_registration_timeout=timedelta(seconds=300))
+    order = await stack.create_order({"bm-standard": 1})
+    name = order.worker_name(0)
+    agents = f"{AGENT_API}/namespaces/{order.namespace}/agents"
+    await stack.set_agent_faults({"never_register": ALL})
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+        await stack.wait_worker_phase(order, name, WorkerPhase.WAITING_FOR_AGENT)
+        (bmi,) = await stack.bmis(order)
+        lost = BmiSnapshot.from_api(bmi)
+        (await stack.bmaas_http.delete(f"/api/private/v1/baremetal_instances/{lost.id}")).raise_for_status()
+
+        async def wiped() -> bool:
+            return all(b["id"] != lost.id for b in await stack.bmis(order))
+
+        await eventually(wiped, "the BMI deleted behind the worker's back, its host wiped")
+        # The host, given to another slot's BMI, registers for it in the order's InfraEnv.
+        again = {
+            "apiVersion": "agent-install.openshift.io/v1beta1",
+            "kind": "Agent",
+            "metadata": {"name": "registered-again", "labels": {INFRAENV_LABEL: order.infraenv_name}},
+            "spec": {"approved": False, "role": "worker"},
+        }
+        (await stack.hub_http.post(agents, json=again)).raise_for_status()
+        inventory = to_agent_inventory(host_inventory("registered-again", list(lost.macs)))
+        (
+            await stack.hub_http.patch(
+                f"{agents}/registered-again/status",
+                json={"status": {"inventory": inventory}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+        ).raise_for_status()
+        failed = await _failed_with(stack, order, FailureReason.HOST_LOST)
+        assert failed.last_failure_message == "The worker's bare-metal host stopped working; replacing it."
+        response = await stack.hub_http.get(f"{agents}/registered-again")
+        if response.status_code != 404:  # the failed attempt's sweep may have deleted it
+            registered = response.raise_for_status().json()
+            assert not registered["spec"].get("approved"), registered
+            assert WORKER_LABEL not in (registered["metadata"].get("labels") or {}), registered
+        # Tried again, with a new host.
+        await eventually(
+            lambda: _has_new_bmi(stack, order, lost.id), "the worker's next attempt allocating a new host"
+        )
+    finally:
+        await stack.clear_agent_faults()
+    await _clean_decommission(stack, order)
+
+
+async def test_a_host_deleted_behind_a_binding_worker_fails_its_install_as_host_lost(stack: Stack) -> None:
+    """The worker handed its Agent over and waits for the install (here never claimed: the
+    provider cannot create AgentMachines); an admin deletes its BMI. The wait went on until the
+    install deadline (AgentInstallFailed), while the wiped host, registering again under the same
+    Agent name for whichever slot got it, could be installed as this worker. It now fails at once
+    as HostLost, and the order's next attempt gets a new host."""
+    api = stack.with_policy(agent_install_timeout=timedelta(seconds=120))
+    order = await stack.create_order({"bm-standard": 1})
+    name = order.worker_name(0)
+    never_claimed = {
+        "errors": [
+            {"code": 500, "verbs": ["create"], "resources": ["agentmachines"], "users": ["lab-controllers"]}
+        ]
+    }
+    (await stack.hub_http.put("/lab/v1/faults/api", json=never_claimed)).raise_for_status()
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+        await stack.wait_worker_phase(order, name, WorkerPhase.BINDING)
+        (bmi,) = await stack.bmis(order)
+        lost = str(bmi["id"])
+        (await stack.bmaas_http.delete(f"/api/private/v1/baremetal_instances/{lost}")).raise_for_status()
+        await _failed_with(stack, order, FailureReason.HOST_LOST)
+        await eventually(
+            lambda: _has_new_bmi(stack, order, lost), "the worker's next attempt allocating a new host"
+        )
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    await _clean_decommission(stack, order)
+
+
+async def _has_new_bmi(stack: Stack, order: OrderRef, old: str) -> bool:
+    return any(b["id"] != old for b in await stack.bmis(order))
 
 
 async def test_a_scale_down_during_a_call_that_finishes_anyway_stops_the_attempt_there(stack: Stack) -> None:
