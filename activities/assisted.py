@@ -28,7 +28,6 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent_watch import AgentWatches
-from activities.bmaas.errors import BmaasApiError
 from activities.bmaas.watcher import BmiWatcher, Gone, Observed
 from activities.heartbeats import Heartbeat, tick_seconds
 from activities.hub import (
@@ -137,6 +136,9 @@ MAX_ADOPT_ATTEMPTS = 5
 INVENTORY_GRACE = timedelta(minutes=2)
 # How long a match waits for the inventory of an Agent registered after the match was first seen.
 NEWCOMER_GRACE_S = 10.0
+# How long a hand-off waits for BMaaS to say whether the worker's BMI still holds its host, when the
+# process's watcher knows nothing of it: past that, the Agent is handed all the same.
+HOST_CHECK_TIMEOUT_S = 5.0
 
 
 # A condition reason as Kubernetes shapes them (metav1.Condition): a CamelCase token, bounded.
@@ -343,7 +345,7 @@ class InventoryGuard:
         return bool(young) and time.monotonic() - self._first_seen < self._newcomer_grace
 
 
-def raise_if_host_lost(bmi_id: str, observed: Observed, agent: str) -> None:
+def raise_if_host_lost(bmi_id: str, observed: Observed, agent: str | None = None) -> None:
     """HostLost (non-retryable: the attempt fails and is released) once the BMI is not running its
     host any more."""
     if isinstance(observed, Gone):
@@ -352,12 +354,13 @@ def raise_if_host_lost(bmi_id: str, observed: Observed, agent: str) -> None:
         why = f"is {observed.state.value}"
     else:
         return
+    seen = f" (Agent {agent})" if agent else ""
     raise error(
-        f"BMI {bmi_id} {why}: its host is not this worker's any more, and Agent {agent} is not taken for it",
+        f"BMI {bmi_id} {why}: its host is not this worker's any more{seen}",
         HubErrorType.HOST_LOST,
         non_retryable=True,
         bmi_id=bmi_id,
-        name=agent,
+        **({"name": agent} if agent else {}),
     )
 
 
@@ -1015,21 +1018,32 @@ class AssistedActivities:
                 continue
             return AgentHandOff(match=match, handed=handed)
 
-    async def _check_host(self, bmi_id: str | None, agent: str) -> None:
-        """HostLost when the BMI is deleting, failed or gone: its host is wiped and may already be
-        another slot's BMI's, registered for that slot with the same MACs and Agent name. Decided on
-        the process's BMI watcher (its stream has seen the deletion long before the host, wiped,
-        reallocated and booted, registers again); one GET when it knows nothing of the BMI. A
-        BMaaS that does not answer holds nothing back."""
+    def _host_check(self, bmi_id: str | None, agent: str | None = None) -> bool:
+        """HostLost when the BMI is deleting, failed or gone: its host is wiped, and may already be
+        another slot's BMI's, registering for that slot with the same MACs and Agent name. Decided on
+        the process's BMI watcher, whose stream sees the deletion long before the host, wiped,
+        reallocated and booted, registers again. False when the watcher knows nothing of the BMI."""
         if bmi_id is None or self._hosts is None:
-            return
+            return True
         observed = self._hosts.observed(bmi_id)
         if observed is None:
-            try:
+            return False
+        raise_if_host_lost(bmi_id, observed, agent)
+        return True
+
+    async def _check_host(self, bmi_id: str | None, agent: str) -> None:
+        """`_host_check` before an Agent is handed over, with one GET when the watcher knows nothing
+        of the BMI (its process restarted). A BMaaS that does not answer at once holds nothing back:
+        the hand-off never waits on it."""
+        if self._host_check(bmi_id, agent) or self._hosts is None or not self._hosts.streaming:
+            return
+        assert bmi_id is not None
+        try:
+            async with asyncio.timeout(HOST_CHECK_TIMEOUT_S):
                 observed = await self._hosts.refresh(bmi_id)
-            except BmaasApiError as err:
-                activity.logger.info("BMI %s not checked before Agent %s is taken: %s", bmi_id, agent, err)
-                return
+        except Exception as err:  # slow, refused, unreadable: the Agent is handed all the same
+            activity.logger.info("BMI %s not checked before Agent %s is handed: %r", bmi_id, agent, err)
+            return
         raise_if_host_lost(bmi_id, observed, agent)
 
     async def _await_match(self, input: WaitAgentInput) -> AgentMatch:
@@ -1054,6 +1068,8 @@ class AssistedActivities:
             return frozenset((str(meta(a).get("name")), str(meta(a).get("resourceVersion"))) for a in agents)
 
         def cached_decision() -> bool | None:
+            # At every change and tick: a waiting worker whose host is lost stops waiting for it.
+            self._host_check(getattr(input, "bmi_id", None))
             agents = informer.indexed(namespace, keys)
             if (
                 overruled is not None
@@ -1297,10 +1313,7 @@ class AssistedActivities:
         last: dict[str, Any] = {}
 
         def evaluate(agent: KubeObject | None) -> AgentInstalled | None:
-            if input.bmi_id is not None and self._hosts is not None:
-                observed = self._hosts.observed(input.bmi_id)
-                if observed is not None:
-                    raise_if_host_lost(input.bmi_id, observed, ref.name)
+            self._host_check(input.bmi_id, ref.name)
             if agent is None:
                 raise self._install_failed(ref, "the Agent was deleted", last)
             progress = agent_progress(ref, agent)

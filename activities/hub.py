@@ -182,9 +182,10 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
 
 
 def _network_attachment(attachment: object) -> tuple[NetworkAttachmentRef | None, list[str]]:
-    """The attachment's references, and what is wrong with them. An empty or repeated security
-    group name is a problem the tenant is told of, and is left out: "" names no group (BMaaS
-    refuses every create and update with it) and a repeat adds none."""
+    """The attachment's references, and what is wrong with them: an empty security group name is a
+    problem the tenant is told of, and is left out ("" names no group: BMaaS refuses every create
+    and update with it). A repeated name is left out silently: it adds no group, the CRD allows
+    it, and orders accepted with one must stay accepted."""
     if not isinstance(attachment, dict):
         return None, []
     problems: list[str] = []
@@ -194,9 +195,7 @@ def _network_attachment(attachment: object) -> tuple[NetworkAttachmentRef | None
         where = f"networkAttachment.securityGroupRefs[{index}]"
         if not isinstance(group, str) or not group.strip():
             problems.append(f"{where}: not a security group name")
-        elif group in groups:
-            problems.append(f"{where}: {group} is listed twice")
-        else:
+        elif group not in groups:
             groups.append(group)
     subnet = attachment.get("subnetRef")
     return NetworkAttachmentRef(

@@ -327,7 +327,7 @@ class OrderFacts(BaseModel):
     # Bare-metal node requests that break the conventions (duplicate or malformed instance type),
     # described without tenant data; such entries are left out of node_sets.
     invalid_node_requests: list[str] = Field(default_factory=list)
-    # The same for `networkAttachment` (empty or repeated security group names, left out of it).
+    # The same for `networkAttachment` (empty security group names, left out of it).
     invalid_network_attachment: list[str] = Field(default_factory=list)
     cluster_reference: ClusterReference | None = None
     deleting: bool = False

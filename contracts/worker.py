@@ -36,7 +36,8 @@ class FailureReason(StrEnum):
     FULFILLMENT_SERVICE_UNAVAILABLE = "FulfillmentServiceUnavailable"
     DISCOVERY_IGNITION_TOO_LARGE = "DiscoveryIgnitionTooLarge"
     HOST_WIPE_STUCK = "HostWipeStuck"
-    # A Ready worker's BMI failed, is being deleted or is gone, not by us: released and replaced.
+    # A worker's BMI failed, is being deleted or is gone, not by us: a Ready worker is released and
+    # replaced, one not Ready yet fails its attempt (released, tried again with a new host).
     HOST_LOST = "HostLost"
     # The order's InfraEnv was deleted behind our back: the cluster workflow creates it again.
     INFRAENV_MISSING = "InfraEnvMissing"

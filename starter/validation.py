@@ -20,8 +20,8 @@ def desired_node_sets(facts: OrderFacts) -> list[NodeSetRequest]:
 
 
 def order_problem(facts: OrderFacts) -> str | None:
-    """What the order parser already refused: malformed or duplicate instance types, empty or
-    repeated security group names."""
+    """What the order parser already refused: malformed or duplicate instance types, empty
+    security group names."""
     found = [*facts.invalid_node_requests, *facts.invalid_network_attachment]
     if not found:
         return None

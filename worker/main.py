@@ -149,8 +149,9 @@ async def check_credentials(backends: Backends, settings: Settings) -> None:
     try:
         await backends.bmaas_client.request("GET", "/bare_metal_instance_types", params={"limit": 1})
     except BmaasApiError as err:
-        if err.error_type == BmaasErrorType.TOKEN_UNAVAILABLE:
-            # Not an outage: the mounted Secret is missing or empty; every call would be refused.
+        if err.error_type == BmaasErrorType.TOKEN_UNAVAILABLE and settings.role != WorkerRole.WORKFLOWS:
+            # Not an outage: the mounted Secret is missing or empty, and every BMaaS activity of
+            # this process would be refused (a workflow process runs none, and may go without it).
             raise BackendRejectedCredentials(
                 f"{err} (missing, unreadable or empty): OSAC_FULFILLMENT_TOKEN_FILE names the file"
                 " holding the BMaaS bearer token"

@@ -115,13 +115,16 @@ class Settings(BaseSettings):
     def _root_url(cls, url: str) -> str:
         """Checked at start: without a scheme every call fails (httpx UnsupportedProtocol), and with
         the API path every call 404s (the client appends PRIVATE_PREFIX itself)."""
-        if "@" in url.split("?", 1)[0].split("#", 1)[0]:
+        if "@" in url:  # anywhere: a password holding '?' or '#' would hide it from urlsplit
             raise ValueError("credentials do not belong in the URL (the token comes from its own file)")
         try:
             parts = urlsplit(url)
             _ = parts.port  # a port that is not a number, or out of range, raises ValueError
-        except ValueError as err:
-            raise ValueError(f"not a URL ({err})") from None
+        except ValueError:
+            # Not urlsplit's own words: they quote the part taken for a port.
+            raise ValueError(
+                "not a URL (its port is not a number from 0 to 65535, or its host is malformed)"
+            ) from None
         if parts.scheme not in ("http", "https"):
             raise ValueError("expected an http:// or https:// URL, e.g. https://fulfillment.example.com")
         if not parts.hostname:

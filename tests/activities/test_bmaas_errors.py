@@ -23,8 +23,10 @@ from lab.fulfillment.testing import bmi_body
 from tests.activities.conftest import PRIVATE, Harness
 
 ORDER = ListOrderInstancesInput(order=OrderRef(namespace="tenant-ns", name="order1"))
-# The Ready workers' check, where a refusal fails the call at once (the next check asks again).
+# The Ready workers' check: a refusal is retried (shown on the order), never given up on.
 READY_CHECK = FindLostInstancesInput(order=ORDER.order, bmi_ids=["bmi-ready"])
+# The sweep after a wipe, which is best effort: a refusal fails it at once.
+SWEEP = ListOrderInstancesInput(order=ORDER.order, macs=["0a:00:00:00:00:77"], give_up_on_refusal=True)
 
 
 async def _error(harness: Harness, fn: object, arg: object) -> ApplicationError:
@@ -35,7 +37,7 @@ async def _error(harness: Harness, fn: object, arg: object) -> ApplicationError:
 
 async def test_wrong_token_is_unauthenticated(harness: Harness) -> None:
     harness.token_file.write_text("not-the-admin-token-at-all\n")
-    err = await _error(harness, harness.acts.find_lost_instances, READY_CHECK)
+    err = await _error(harness, harness.acts.list_order_instances, SWEEP)
     assert err.type == BmaasErrorType.UNAUTHENTICATED.value and err.non_retryable
     assert "not-the-admin-token-at-all" not in err.message
     harness.secrets.append("not-the-admin-token-at-all")
@@ -44,7 +46,7 @@ async def test_wrong_token_is_unauthenticated(harness: Harness) -> None:
 async def test_tenant_token_is_permission_denied(harness: Harness) -> None:
     harness.token_file.write_text(harness.twin.tenant_token)
     harness.secrets.append(harness.twin.tenant_token)
-    err = await _error(harness, harness.acts.find_lost_instances, READY_CHECK)
+    err = await _error(harness, harness.acts.list_order_instances, SWEEP)
     assert err.type == BmaasErrorType.PERMISSION_DENIED.value and err.non_retryable
 
 
@@ -69,6 +71,8 @@ async def test_refusals_while_a_host_is_allocated_are_retried_not_fatal(
         (harness.acts.wait_instance_gone, WaitInstanceGoneInput(bmi_id="bmi-leaving")),
         # A restarted release's look for the slot's BMIs (and the sweep's after the wipe).
         (harness.acts.list_order_instances, ORDER.model_copy(update={"name": "order1-worker-0"})),
+        # The order's check of its Ready workers' hosts: given up on, a lost host went unnoticed.
+        (harness.acts.find_lost_instances, READY_CHECK),
     ]
     for fn, arg in calls:
         err = await _error(harness, fn, arg)
@@ -76,8 +80,7 @@ async def test_refusals_while_a_host_is_allocated_are_retried_not_fatal(
         assert not err.non_retryable, (fn, err.message)
     assert token not in err.message
     # The sweep after a wipe is best effort: it gives up on a refusal at once.
-    sweep = ListOrderInstancesInput(order=ORDER.order, macs=["0a:00:00:00:00:77"], give_up_on_refusal=True)
-    err = await _error(harness, harness.acts.list_order_instances, sweep)
+    err = await _error(harness, harness.acts.list_order_instances, SWEEP)
     assert err.non_retryable and token not in err.message
 
 

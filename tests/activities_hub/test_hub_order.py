@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.exceptions import ApplicationError
 
-from activities.hub import HubActivities, cluster_release
+from activities.hub import HubActivities, cluster_release, order_facts
 from activities.kube import CLUSTER_ORDERS, HubKube
 from activities.order_events import EVENT_WRITES_AT_ONCE
 from contracts.hub import (
@@ -485,3 +485,22 @@ async def test_the_cached_order_holds_no_pull_secret_even_in_kubectls_annotation
 
     cached = await informer.wait(annotated, deadline=datetime.now(UTC) + timedelta(seconds=30))
     assert kit.pull_secret_marker not in json.dumps(cached)
+
+
+def test_security_group_names_that_name_nothing_are_refused_and_repeats_dropped_silently() -> None:
+    """`""` names no group (BMaaS refused every create with it): refused, naming the entry. A repeat
+    adds no group and the CRD allows it (orders accepted with one stay accepted): dropped."""
+    spec = {
+        "networkAttachment": {"subnetRef": "subnet-a", "securityGroupRefs": ["sg-1", " ", "sg-2", "sg-1"]}
+    }
+    facts = order_facts(OrderRef(namespace="ns", name="o"), {"metadata": {"uid": "u"}, "spec": spec})
+    assert facts.network_attachment == NetworkAttachmentRef(
+        subnet="subnet-a", security_groups=("sg-1", "sg-2")
+    )
+    assert facts.invalid_network_attachment == [
+        "networkAttachment.securityGroupRefs[1]: not a security group name"
+    ]
+    spec["networkAttachment"]["securityGroupRefs"] = ["sg-1", "sg-1"]
+    facts = order_facts(OrderRef(namespace="ns", name="o"), {"metadata": {"uid": "u"}, "spec": spec})
+    assert facts.network_attachment is not None and facts.network_attachment.security_groups == ("sg-1",)
+    assert facts.invalid_network_attachment == []

@@ -221,6 +221,8 @@ def test_a_fulfillment_url_with_credentials_is_refused_without_echoing_them(
         "https://robot:s3cret/pass@fulfillment.example.com",  # a '/' in a token ends the netloc
         "https://robot:123/s3cret@fulfillment.example.com",
         "robot:s3cret@fulfillment.example.com",  # no scheme
+        "https://robot:s3cr?et@fulfillment.example.com",  # a '?' in the password
+        "https://robot:s3#cret@fulfillment.example.com",
     ):
         monkeypatch.setenv("OSAC_FULFILLMENT_URL", url)
         with pytest.raises(ConfigError) as err:

@@ -581,31 +581,47 @@ async def test_a_ready_host_check_bmaas_refuses_is_shown_on_the_order_and_kept_u
     await _clean_decommission(stack, order)
 
 
-async def test_a_host_deleted_behind_a_waiting_worker_is_not_taken_when_it_registers_again(
+async def _waiting_worker_loses_its_bmi(stack: Stack, order: OrderRef) -> BmiSnapshot:
+    """The order's one worker waiting for an Agent that never registers; its BMI deleted by an admin."""
+    api = stack.with_policy(agent_registration_timeout=timedelta(seconds=300))
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await stack.wait_worker_phase(order, order.worker_name(0), WorkerPhase.WAITING_FOR_AGENT)
+    (bmi,) = await stack.bmis(order)
+    lost = BmiSnapshot.from_api(bmi)
+    (await stack.bmaas_http.delete(f"/api/private/v1/baremetal_instances/{lost.id}")).raise_for_status()
+    return lost
+
+
+async def test_a_worker_waiting_for_its_agent_stops_waiting_once_its_bmi_is_deleted(stack: Stack) -> None:
+    """It waited until its registration deadline (30 minutes by default, 300 s here) for a host
+    being wiped, then failed as AgentRegistrationTimeout. Now its attempt fails as HostLost within a
+    tick of the deletion, and the worker tries again with a new host."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.set_agent_faults({"never_register": ALL})
+    try:
+        lost = await _waiting_worker_loses_its_bmi(stack, order)
+        failed = await _failed_with(stack, order, FailureReason.HOST_LOST)
+        assert failed.last_failure_message == "The worker's bare-metal host stopped working; replacing it."
+        await eventually(
+            lambda: _has_new_bmi(stack, order, lost.id), "the next attempt allocating a new host"
+        )
+    finally:
+        await stack.clear_agent_faults()
+    await _clean_decommission(stack, order)
+
+
+async def test_a_host_deleted_behind_a_waiting_worker_is_not_taken_once_registered_again(
     stack: Stack,
 ) -> None:
-    """A worker waits for its host's Agent; an admin deletes its BMI meanwhile. The host is wiped and
-    may be another slot's BMI's at once, registering for that slot with the same MACs: the waiting
-    worker took that Agent (the same MACs it waited for) and installed itself on a host BMaaS gave to
-    another BMI, which that BMI's release would later wipe. Now its attempt fails as HostLost, the
-    registration is never approved nor labelled, and the worker tries again with a new host."""
-    api = stack.with_policy(agent_registration_timeout=timedelta(seconds=300))
+    """The same, with the wiped host at once another slot's BMI's, registering for that slot with
+    the same MACs: the waiting worker took that Agent (the MACs it waited for) and installed itself
+    on a host BMaaS gave to another BMI, which that BMI's release would later wipe. Now the
+    registration is never approved nor labelled by it."""
     order = await stack.create_order({"bm-standard": 1})
-    name = order.worker_name(0)
     agents = f"{AGENT_API}/namespaces/{order.namespace}/agents"
     await stack.set_agent_faults({"never_register": ALL})
     try:
-        await stack.apply(order, {"bm-standard": 1}, api)
-        await stack.wait_worker_phase(order, name, WorkerPhase.WAITING_FOR_AGENT)
-        (bmi,) = await stack.bmis(order)
-        lost = BmiSnapshot.from_api(bmi)
-        (await stack.bmaas_http.delete(f"/api/private/v1/baremetal_instances/{lost.id}")).raise_for_status()
-
-        async def wiped() -> bool:
-            return all(b["id"] != lost.id for b in await stack.bmis(order))
-
-        await eventually(wiped, "the BMI deleted behind the worker's back, its host wiped")
-        # The host, given to another slot's BMI, registers for it in the order's InfraEnv.
+        lost = await _waiting_worker_loses_its_bmi(stack, order)
         again = {
             "apiVersion": "agent-install.openshift.io/v1beta1",
             "kind": "Agent",
@@ -621,17 +637,12 @@ async def test_a_host_deleted_behind_a_waiting_worker_is_not_taken_when_it_regis
                 headers={"Content-Type": "application/merge-patch+json"},
             )
         ).raise_for_status()
-        failed = await _failed_with(stack, order, FailureReason.HOST_LOST)
-        assert failed.last_failure_message == "The worker's bare-metal host stopped working; replacing it."
+        await _failed_with(stack, order, FailureReason.HOST_LOST)
         response = await stack.hub_http.get(f"{agents}/registered-again")
         if response.status_code != 404:  # the failed attempt's sweep may have deleted it
             registered = response.raise_for_status().json()
             assert not registered["spec"].get("approved"), registered
             assert WORKER_LABEL not in (registered["metadata"].get("labels") or {}), registered
-        # Tried again, with a new host.
-        await eventually(
-            lambda: _has_new_bmi(stack, order, lost.id), "the worker's next attempt allocating a new host"
-        )
     finally:
         await stack.clear_agent_faults()
     await _clean_decommission(stack, order)
