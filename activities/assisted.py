@@ -1518,6 +1518,16 @@ class AssistedActivities:
         Agent and the host's stale registrations.
         Deadline: non-retryable AgentUnbindingTimeout (the workflow shows it and calls again)."""
         current = await self._kube.get_optional(AGENTS, input.agent.namespace, input.agent.name)
+        if current is not None and input.worker is not None and handed_elsewhere(current, input.worker):
+            # An attempt of this unbind deleted our Agent and was retried; the host, lost and given
+            # to another slot, registered again under the same name and was handed over.
+            activity.logger.warning(
+                "Agent %s/%s is handed to another worker slot now: not unbound for %s",
+                input.agent.namespace,
+                input.agent.name,
+                input.worker,
+            )
+            return ReleasedAgents(kept=[input.agent.name])
         current = await self._withdraw_unclaimed(input.agent, current)
         await annotate_machine(self._kube, input.agent, current)
         await self._mark_removing(input.agent, current)

@@ -682,6 +682,10 @@ class UnbindAgentInput(CarriesReport):
     infraenv: InfraEnvRef
     order: OrderRef
     macs: list[str] = Field(default_factory=list)
+    # The leaving worker slot: an Agent of that name handed to another slot by then (the host, lost,
+    # wiped and given to that slot, registered again under the same name) is not this worker's any
+    # more and is left alone. None, as from a workflow older than the field: not checked.
+    worker: str | None = None
 
 
 class ReleaseAgentInput(CarriesReport):

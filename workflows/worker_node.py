@@ -811,6 +811,7 @@ class WorkerNodeWorkflow:
                         infraenv=InfraEnvRef.for_order(slot.order),
                         order=slot.order,
                         macs=progress.macs,
+                        worker=slot.name,
                     ),
                     ReleasedAgents,
                     summary=f"Remove the Machine of {slot.name}, lower replicas, wait until unbound",

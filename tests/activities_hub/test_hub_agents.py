@@ -15,6 +15,7 @@ from activities import assisted
 from activities.assisted import INFRAENV_LABEL, AssistedActivities
 from activities.kube import AGENTS, HubKube, dig
 from contracts.hub import (
+    WORKER_LABEL,
     AgentMatch,
     AgentRef,
     HandAgentInput,
@@ -974,6 +975,25 @@ def _unbind_input(api, agent: str, pool: NodePoolRef) -> UnbindAgentInput:
         infraenv=InfraEnvRef.for_order(order),
         order=order,
     )
+
+
+async def test_an_unbind_retried_after_the_host_went_to_another_slot_leaves_its_agent_alone(
+    api, api_assisted, kit
+):
+    """A leaving worker's unbind deleted its Agent and was retried (its attempt timed out); the host,
+    lost and given to another slot meanwhile, registered again under the same name and was handed to
+    that slot. The retry withdrew that Agent's approval, lowered the count and deleted it."""
+    api.nodepool("np", SELECTOR, replicas=1)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    api.agent(
+        "host-1", kit.random_macs(), labels={**SELECTOR, WORKER_LABEL: "order-1-worker-1"}, approved=True
+    )
+    retried = _unbind_input(api, "host-1", pool).model_copy(update={"worker": "order-1-worker-0"})
+    released = await kit.run()(api_assisted.unbind_agent, retried)
+    assert released.kept == ["host-1"] and released.deleted == []
+    agent = api.get("Agent", "host-1")
+    assert agent is not None and agent["spec"]["approved"] is True
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 1
 
 
 async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down(api, api_assisted, kit):
