@@ -150,7 +150,9 @@ def order_facts(order: OrderRef, obj: KubeObject) -> OrderFacts:
         else:
             seen.add(instance_type)
             node_sets.append(
-                BareMetalNodeRequest(name=instance_type, instance_type=instance_type, count=count)
+                BareMetalNodeRequest(
+                    name=instance_type, instance_type=instance_type, count=count, index=index
+                )
             )
 
     network, invalid_network = _network_attachment(spec.get("networkAttachment"))

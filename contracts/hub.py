@@ -311,6 +311,8 @@ class BareMetalNodeRequest(BaseModel):
     name: str
     instance_type: str
     count: int = Field(ge=0)
+    # Its index in `spec.nodeRequests`, so a refusal names the field the tenant wrote.
+    index: int | None = None
 
 
 class OrderFacts(BaseModel):

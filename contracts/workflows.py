@@ -94,7 +94,9 @@ class ScaleDownGuard(BaseModel):
     max_fraction: float = Field(default=0.5, ge=0, le=1)
     max_workers: int = Field(default=2, ge=0)
 
-    def refusal(self, current: int, requested: int, removed: int) -> str | None:
+    def refusal(
+        self, current: int, requested: int, removed: int, field: str = "node_sets[].count"
+    ) -> str | None:
         """Why going from `current` to `requested` workers, `removed` of them leaving (more than
         `current - requested` when node sets are swapped), needs confirming, or None."""
         if removed <= self.max_workers or removed <= current * self.max_fraction:
@@ -105,7 +107,7 @@ class ScaleDownGuard(BaseModel):
             else f"changing the order's node sets ({current} workers now, {requested} requested)"
         )
         return (
-            f"node_sets[].count: {change} removes"
+            f"{field}: {change} removes"
             f" {removed} at once (more than {self.max_fraction:.0%} of the order and more than"
             f" {self.max_workers} workers);"
             " confirm it (CLI --confirm, the ClusterOrder annotation"
@@ -120,6 +122,19 @@ def workers_removed(current: Sequence[NodeSetRequest], node_sets: Sequence[NodeS
     return sum(max(n.count - requested.get(n.name, 0), 0) for n in current)
 
 
+class NodeSetFields:
+    """How a node-set refusal names the fields: as the command has them (`SetNodeSets.node_sets`);
+    a caller that took the node sets from elsewhere (a ClusterOrder) names its own."""
+
+    counts = "node_sets[].count"
+
+    def instance_type(self, index: int) -> str:
+        return f"node_sets[{index}].instance_type"
+
+    def count(self, index: int) -> str:
+        return f"node_sets[{index}].count"
+
+
 def node_set_problem(
     node_sets: Sequence[NodeSetRequest],
     instance_types: Iterable[str],
@@ -130,6 +145,7 @@ def node_set_problem(
     guard: ScaleDownGuard | None = None,
     order: OrderRef | None = None,
     next_index: int = 0,
+    fields: NodeSetFields | None = None,
 ) -> str | None:
     """The first broken node-set rule, as a message naming the field, or None. The one statement
     of the rules: `ClusterWorkersWorkflow.set_node_sets` refuses with it, and the controller and the
@@ -140,7 +156,9 @@ def node_set_problem(
     released or left as it is while another node set changes. `current`: the node sets the workflow
     holds now (none before it exists), for the guard against mass scale-downs: the workers leaving
     are counted per node set, so renaming a node set's instance type removes all its workers. `order`
-    and `next_index` (the next worker slot's index): for the names new workers would be given."""
+    and `next_index` (the next worker slot's index): for the names new workers would be given.
+    `fields`: how the message names the fields (default: the command's)."""
+    fields = fields or NodeSetFields()
     names = [n.name for n in node_sets]
     for name in sorted({n for n in names if names.count(n) > 1}):
         return f"node_sets[].name: duplicate node set {name!r}"
@@ -148,14 +166,14 @@ def node_set_problem(
     held = {n.name: n for n in current}
     for i, node_set in enumerate(node_sets):
         if node_set.count < 0:
-            return f"node_sets[{i}].count: must not be negative (got {node_set.count})"
+            return f"{fields.count(i)}: must not be negative (got {node_set.count})"
         before = held.get(node_set.name)
         needs_hosts = (
             before is None or node_set.instance_type != before.instance_type or node_set.count > before.count
         )
         if known and needs_hosts and node_set.instance_type not in known:
             return (
-                f"node_sets[{i}].instance_type: unknown instance type {node_set.instance_type!r}"
+                f"{fields.instance_type(i)}: unknown instance type {node_set.instance_type!r}"
                 f" (known: {', '.join(sorted(known))})"
             )
     total = sum(n.count for n in node_sets)
@@ -163,11 +181,11 @@ def node_set_problem(
     current_total = sum(current_counts.values())
     if not confirm_scale_down:
         removed = workers_removed(current, node_sets)
-        refusal = (guard or ScaleDownGuard()).refusal(current_total, total, removed)
+        refusal = (guard or ScaleDownGuard()).refusal(current_total, total, removed, fields.counts)
         if refusal:
             return refusal
     if total > max_workers_per_order:
-        return f"node_sets[].count: {total} workers exceed the maximum of {max_workers_per_order} per order"
+        return f"{fields.counts}: {total} workers exceed the maximum of {max_workers_per_order} per order"
     if order is not None:  # only new workers need new names
         for node_set in node_sets:
             if node_set.count > current_counts.get(node_set.name, 0):

@@ -89,7 +89,7 @@ from starter.orders import (
     finalizers,
     generation,
 )
-from starter.validation import InstanceTypeCatalog, desired_node_sets, order_problem
+from starter.validation import InstanceTypeCatalog, OrderFields, desired_node_sets, order_problem
 
 log = logging.getLogger("osac.controller")
 T = TypeVar("T")
@@ -492,6 +492,19 @@ class ClusterOrderController:
                 await self._accepted(ref, obj, desired, generation(obj))
                 return None
             observed = status.node_sets
+            # The workflow refuses by the same rules, naming its command's fields; checked here too,
+            # the refusal names the order's (new workers' names are the workflow's to check).
+            problem = node_set_problem(
+                desired,
+                await self._catalog.names(),
+                self._api.max_workers_per_order,
+                current=observed,
+                confirm_scale_down=confirmed(obj),
+                fields=OrderFields(facts),
+            )
+            if problem is not None:
+                await self._reject(ref, problem, obj, generation(obj))
+                return None
         else:
             if await self._stopped_run_may_hold_hosts(ref, obj, state):
                 return self._decommission_poll
@@ -500,7 +513,11 @@ class ClusterOrderController:
             if problem is None:
                 instance_types = await self._catalog.names()
                 problem = node_set_problem(
-                    desired, instance_types, self._api.max_workers_per_order, order=ref
+                    desired,
+                    instance_types,
+                    self._api.max_workers_per_order,
+                    order=ref,
+                    fields=OrderFields(facts),
                 )
             if problem is not None:
                 await self._reject(ref, problem, obj, generation(obj))

@@ -9,7 +9,7 @@ import time
 
 from activities.bmaas.client import INSTANCE_TYPES, BmaasClient
 from contracts.hub import OrderFacts
-from contracts.workflows import NodeSetRequest
+from contracts.workflows import NodeSetFields, NodeSetRequest
 
 
 def desired_node_sets(facts: OrderFacts) -> list[NodeSetRequest]:
@@ -17,6 +17,26 @@ def desired_node_sets(facts: OrderFacts) -> list[NodeSetRequest]:
     return [
         NodeSetRequest(name=n.name, instance_type=n.instance_type, count=n.count) for n in facts.node_sets
     ]
+
+
+class OrderFields(NodeSetFields):
+    """A refusal of an order's node requests names the ClusterOrder's fields, the ones its tenant
+    wrote (`desired_node_sets` keeps the order of `facts.node_sets`)."""
+
+    counts = "spec.nodeRequests[].numberOfNodes"
+
+    def __init__(self, facts: OrderFacts) -> None:
+        self._indexes = [n.index for n in facts.node_sets]
+
+    def _request(self, index: int) -> str:
+        request = self._indexes[index] if index < len(self._indexes) else None
+        return f"spec.nodeRequests[{'' if request is None else request}]"
+
+    def instance_type(self, index: int) -> str:
+        return f"{self._request(index)}.bareMetal.instanceType"
+
+    def count(self, index: int) -> str:
+        return f"{self._request(index)}.numberOfNodes"
 
 
 def order_problem(facts: OrderFacts) -> str | None:

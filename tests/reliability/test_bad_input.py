@@ -829,13 +829,19 @@ ROWS = [
         "order-unknown-instance-type",
         "ClusterOrder condition",
         order_unknown_instance_type,
-        ("InvalidNodeRequests: node_sets[0].instance_type: unknown instance type 'bm-nope' (known:",),
+        (
+            "InvalidNodeRequests: spec.nodeRequests[0].bareMetal.instanceType: unknown instance type"
+            " 'bm-nope' (known:",
+        ),
     ),
     Row(
         "order-over-maximum",
         "ClusterOrder condition",
         order_over_maximum,
-        ("InvalidNodeRequests: node_sets[].count: 101 workers exceed the maximum of 100 per order",),
+        (
+            "InvalidNodeRequests: spec.nodeRequests[].numberOfNodes: 101 workers exceed the maximum of 100"
+            " per order",
+        ),
     ),
     Row(
         "order-name-too-long-for-its-nodepool",
@@ -911,7 +917,12 @@ ROWS = [
             " none), or no cluster version offers that release; no workers are created until one is.",
         ),
     ),
-    Row("order-mass-scale-down-unannotated", "ClusterOrder condition", order_mass_scale_down, (GUARD,)),
+    Row(
+        "order-mass-scale-down-unannotated",
+        "ClusterOrder condition",
+        order_mass_scale_down,
+        (GUARD.replace("node_sets[].count", "spec.nodeRequests[].numberOfNodes"),),
+    ),
     Row(
         "order-node-set-removed-while-provisioning",
         "ClusterOrder condition",

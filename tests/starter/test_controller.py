@@ -161,16 +161,28 @@ async def test_orders_without_bare_metal_requests_are_ignored(stack: Stack, ctl:
 @pytest.mark.parametrize(
     ("node_requests", "field", "detail"),
     [
-        (bare_metal(bm_nope=1), "node_sets[0].instance_type", "'bm-nope'"),
+        (bare_metal(bm_nope=1), "spec.nodeRequests[0].bareMetal.instanceType", "'bm-nope'"),
+        # The index is the order's, not the bare-metal requests' (a VM request comes first).
+        (
+            [{"numberOfNodes": 2, "resourceClass": "vm"}, *bare_metal(bm_nope=1)],
+            "spec.nodeRequests[1].bareMetal.instanceType",
+            "'bm-nope'",
+        ),
         (
             [{"numberOfNodes": 1, "bareMetal": {"instanceType": "BM_Standard"}}],
             "nodeRequests[0]",
             "DNS label",
         ),
         (bare_metal(bm_standard=1) + bare_metal(bm_standard=2), "nodeRequests[1]", "duplicate"),
-        (bare_metal(bm_standard=101), "node_sets[].count", "maximum of 100"),
+        (bare_metal(bm_standard=101), "spec.nodeRequests[].numberOfNodes", "maximum of 100"),
     ],
-    ids=["unknown-instance-type", "malformed-instance-type", "duplicate-instance-type", "over-the-maximum"],
+    ids=[
+        "unknown-instance-type",
+        "unknown-instance-type-after-a-vm-request",
+        "malformed-instance-type",
+        "duplicate-instance-type",
+        "over-the-maximum",
+    ],
 )
 async def test_invalid_orders_get_a_condition_and_nothing_is_allocated(
     stack: Stack, ctl: RunningController, node_requests: list, field: str, detail: str
