@@ -19,6 +19,9 @@ def desired_node_sets(facts: OrderFacts) -> list[NodeSetRequest]:
     ]
 
 
+MAX_PROBLEMS_SHOWN = 10
+
+
 class OrderFields(NodeSetFields):
     """A refusal of an order's node requests names the ClusterOrder's fields, the ones its tenant
     wrote (`desired_node_sets` keeps the order of `facts.node_sets`)."""
@@ -45,7 +48,10 @@ def order_problem(facts: OrderFacts) -> str | None:
     found = [*facts.invalid_node_requests, *facts.invalid_network_attachment]
     if not found:
         return None
-    return "spec." + "; spec.".join(found)
+    # Bounded: a condition's message holds 32,768 characters, and the CRD bounds no list.
+    shown = "spec." + "; spec.".join(found[:MAX_PROBLEMS_SHOWN])
+    more = len(found) - MAX_PROBLEMS_SHOWN
+    return shown + (f"; and {more} more" if more > 0 else "")
 
 
 class InstanceTypeCatalog:

@@ -18,7 +18,7 @@ from temporalio.service import RPCError, RPCStatusCode
 import starter.api
 from activities.hub import order_facts
 from activities.kube import HubKube
-from contracts.hub import MANAGEMENT_STATE_ANNOTATION
+from contracts.hub import MANAGEMENT_STATE_ANNOTATION, Condition, ConditionStatus
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy
 from contracts.workflows import NodeSetRequest, ScaleDownGuard, SetNodeSets, node_set_problem, same_node_sets
@@ -26,7 +26,7 @@ from starter import schemas
 from starter.api import StatusUnanswered, WorkersApi, WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
 from starter.controller import ClusterOrderController, WorkQueue, apply_id
-from starter.validation import InstanceTypeCatalog
+from starter.validation import InstanceTypeCatalog, order_problem
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
 TYPES = ["bm-gpu", "bm-standard"]
@@ -355,3 +355,19 @@ async def test_a_status_query_is_unanswered_only_when_its_time_ran_out(
             assert "no worker answered the status query within 0s" in str(failed.value)
         else:
             assert failed.value is run.err
+
+
+def test_an_order_with_many_broken_node_requests_gets_a_condition_it_can_hold() -> None:
+    """The CRD bounds no list: a message naming all of 1,000 broken requests was over the 32,768
+    characters of a condition's message, and no condition could be written at all."""
+    requests = [{"numberOfNodes": 1, "bareMetal": {"instanceType": f"Bad_{i}"}} for i in range(1000)]
+    facts = order_facts(
+        OrderRef(namespace="ns", name="o"), {"metadata": {}, "spec": {"nodeRequests": requests}}
+    )
+    problem = order_problem(facts)
+    assert problem is not None and len(problem) < 2000
+    assert problem.startswith("spec.nodeRequests[0]: instance type is not a DNS label; ")
+    assert problem.endswith("; and 990 more")
+    Condition(
+        type="NodeRequestsValid", status=ConditionStatus.FALSE, reason="InvalidNodeRequests", message=problem
+    )
