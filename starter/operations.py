@@ -48,10 +48,6 @@ def facts_confirmed(obj: dict[str, Any] | None) -> bool:
     return obj is not None and confirmed(obj)
 
 
-class NotTakenInTime(CommandError):
-    """The order's new count was written, and not applied within the wait (it may be later)."""
-
-
 class OrderOperations:
     def __init__(
         self,
@@ -148,24 +144,10 @@ class OrderOperations:
         # is not the answer to this write.
         judged = condition_of(before, ControllerCondition.NODE_REQUESTS_VALID)
         try:
-            taken = await self._wait_taken(order, node_set, count, generation(written), timeout, judged)
-        except NotTakenInTime as err:
-            if annotate:
-                # The count is written and the controller has yet to apply it: without its
-                # confirmation it would be refused as a mass scale-down. The controller removes it
-                # once the change is applied.
-                raise NotTakenInTime(
-                    f"{err}; the order keeps {CONFIRM_SCALE_DOWN_ANNOTATION}=true until the controller"
-                    " applies the change"
-                ) from None
-            raise
-        except CommandError:
-            if annotate:  # refused: a confirmation left behind would wave the next change through
+            return await self._wait_taken(order, node_set, count, generation(written), timeout, judged)
+        finally:
+            if annotate:  # a one-off confirmation: the guard protects the next change again
                 await self.orders.remove_annotation(order, CONFIRM_SCALE_DOWN_ANNOTATION)
-            raise
-        if annotate:  # a one-off confirmation: the guard protects the next change again
-            await self.orders.remove_annotation(order, CONFIRM_SCALE_DOWN_ANNOTATION)
-        return taken
 
     async def _wait_taken(
         self,
@@ -204,7 +186,7 @@ class OrderOperations:
             if status is not None and any(n.name == node_set and n.count == count for n in status.node_sets):
                 return status
             if time.monotonic() > deadline:
-                raise NotTakenInTime(
+                raise CommandError(
                     f"order {order.key}: the workflow has not taken {node_set}={count} within {timeout:.0f}s"
                     " (is `osac-workers controller` running?)"
                 )
