@@ -138,7 +138,7 @@ class NodeSetFields:
 def node_set_problem(
     node_sets: Sequence[NodeSetRequest],
     instance_types: Iterable[str],
-    max_workers_per_order: int,
+    max_workers_per_order: int | None,
     *,
     current: Sequence[NodeSetRequest] = (),
     confirm_scale_down: bool = False,
@@ -157,7 +157,8 @@ def node_set_problem(
     holds now (none before it exists), for the guard against mass scale-downs: the workers leaving
     are counted per node set, so renaming a node set's instance type removes all its workers. `order`
     and `next_index` (the next worker slot's index): for the names new workers would be given.
-    `fields`: how the message names the fields (default: the command's)."""
+    `fields`: how the message names the fields (default: the command's). `max_workers_per_order`
+    None: not checked (a running workflow keeps the maximum it was started with)."""
     fields = fields or NodeSetFields()
     names = [n.name for n in node_sets]
     for name in sorted({n for n in names if names.count(n) > 1}):
@@ -184,7 +185,7 @@ def node_set_problem(
         refusal = (guard or ScaleDownGuard()).refusal(current_total, total, removed, fields.counts)
         if refusal:
             return refusal
-    if total > max_workers_per_order:
+    if max_workers_per_order is not None and total > max_workers_per_order:
         return f"{fields.counts}: {total} workers exceed the maximum of {max_workers_per_order} per order"
     if order is not None:  # only new workers need new names
         for node_set in node_sets:

@@ -1,0 +1,54 @@
+"""A controller whose configuration changed since an order's workflow started (no controller runs in
+this module but the ones a test starts)."""
+
+from __future__ import annotations
+
+from starter.api import WorkersApi
+from tests.starter.harness import bare_metal, create_order, get_order, patch_order, start_controller
+from tests.workflows.stack import Stack, eventually
+
+
+async def test_a_lowered_maximum_does_not_refuse_a_live_order_started_under_the_old_one(stack: Stack) -> None:
+    """OSAC_MAX_WORKERS_PER_ORDER lowered: a running workflow keeps the maximum it was started with
+    (README), so its order may still change, here from 4 workers to 3. The controller's own check
+    of a live order's change refused it with the new maximum (2)."""
+    first = await start_controller(stack)
+    try:
+        order = await create_order(stack, bare_metal(bm_standard=4))
+
+        async def started_with_four() -> bool:
+            try:
+                return [(n.name, n.count) for n in (await stack.api.status(order)).node_sets] == [
+                    ("bm-standard", 4)
+                ]
+            except Exception:  # not started yet
+                return False
+
+        await eventually(started_with_four, "the order's workflow started with 4 workers")
+    finally:
+        await first.stop()
+    lowered = WorkersApi(
+        stack.client,
+        task_queue=stack.api.task_queue,
+        bmaas_task_queue=stack.api.bmaas_task_queue,
+        policy=stack.api.policy,
+        max_workers_per_order=2,
+    )
+    second = await start_controller(stack, api=lowered)
+    try:
+        written = await patch_order(stack, order, {"spec": {"nodeRequests": bare_metal(bm_standard=3)}})
+        gen = written["metadata"]["generation"]
+
+        async def judged() -> dict | None:
+            obj = await get_order(stack, order)
+            for cond in (obj or {}).get("status", {}).get("conditions") or []:
+                if cond["type"] == "NodeRequestsValid" and cond.get("observedGeneration") == gen:
+                    return cond
+            return None
+
+        cond = await eventually(judged, "the controller's verdict on the change")
+        assert cond["status"] == "True", cond
+        assert [(n.name, n.count) for n in (await stack.api.status(order)).node_sets] == [("bm-standard", 3)]
+    finally:
+        await second.stop()
+    await stack.decommission_and_wait(order)
