@@ -118,14 +118,16 @@ class OrderOperations:
             else n
             for n in current
         ]
+        running = True
         try:
             held = (await self.api.status(order)).node_sets
         except OrderNotFound:
-            held = []  # no workflow yet: nothing to scale down
+            held, running = [], False  # no workflow yet: nothing to scale down
         problem = node_set_problem(
             wanted,
             await self._instance_types(),
-            self.api.max_workers_per_order,
+            # A running workflow keeps the maximum it was started with: its own to check.
+            None if running else self.api.max_workers_per_order,
             current=held,
             confirm_scale_down=confirm_scale_down,
             order=order,
