@@ -55,6 +55,7 @@ from contracts.hub import (
     HubErrorType,
     MachineAnnotation,
     ManagementState,
+    NodePoolNames,
     NodePoolRef,
     OrderFacts,
     PublishStatusInput,
@@ -524,6 +525,7 @@ class HubActivities:
             self.read_order,
             self.wait_cluster_reference,
             self.read_cluster_release,
+            self.list_nodepools,
             self.sync_nodepool_replicas,
             self.annotate_machine_for_deletion,
             self.publish_order_status,
@@ -584,6 +586,16 @@ class HubActivities:
         (the template's default, which the cluster-provisioning flow wrote there)."""
         pools = await self._kube.list(NODE_POOLS, input.cluster.namespace)
         return cluster_release(pools.items, input.cluster)
+
+    @activity.defn(name=HubActivity.LIST_NODEPOOLS.value)
+    @refusals_retried
+    async def list_nodepools(self, input: ClusterReleaseInput) -> NodePoolNames:
+        """The NodePools the cluster-provisioning flow made in the hosted cluster's namespace, so
+        that no host is allocated for a node set whose NodePool is not there (its Agent could not
+        be handed to anything)."""
+        pools = await self._kube.list(NODE_POOLS, input.cluster.namespace)
+        live = [p for p in pools.items if not meta(p).get("deletionTimestamp")]
+        return NodePoolNames(names=sorted(str(meta(p).get("name")) for p in live))
 
     @activity.defn(name=HubActivity.SYNC_NODEPOOL_REPLICAS.value)
     @refusals_retried

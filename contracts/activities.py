@@ -28,6 +28,7 @@ class HubActivity(StrEnum):
     READ_ORDER = "read_order"
     WAIT_CLUSTER_REFERENCE = "wait_cluster_reference"
     READ_CLUSTER_RELEASE = "read_cluster_release"
+    LIST_NODEPOOLS = "list_nodepools"
     ENSURE_INFRAENV = "ensure_infraenv"
     WAIT_INFRAENV_READY = "wait_infraenv_ready"
     DELETE_INFRAENV = "delete_infraenv"

@@ -340,6 +340,12 @@ class OrderFacts(BaseModel):
         return self.management_state == ManagementState.UNMANAGED
 
 
+class NodePoolNames(BaseModel):
+    """list_nodepools: the NodePools of the hosted cluster's namespace (none being deleted)."""
+
+    names: list[str] = Field(default_factory=list)
+
+
 class ClusterReleaseInput(BaseModel):
     """Which hosted cluster's release to read, for an order that names no `releaseImage`."""
 

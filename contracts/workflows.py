@@ -202,6 +202,7 @@ class OrderConditionType(StrEnum):
     RHCOS_IMAGE_NOT_FOUND = "RHCOSImageNotFound"
     FULFILLMENT_SERVICE_UNAVAILABLE = "FulfillmentServiceUnavailable"
     SECURITY_GROUPS_APPLIED = "SecurityGroupsApplied"
+    NODEPOOL_NOT_FOUND = "NodePoolNotFound"
 
 
 class WorkerSlotSpec(BaseModel):

@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         HubErrorType,
         InfraEnvReady,
         InfraEnvRef,
+        NodePoolNames,
         OrderFacts,
         PublishStatusInput,
         WaitClusterReferenceInput,
@@ -102,6 +103,9 @@ REQUEST_REFUSED = "RequestRefused"
 # FulfillmentServiceUnavailable's reasons: BMaaS calls keep failing (retried) / none does.
 REQUESTS_FAILING = "RequestsFailing"
 AVAILABLE = "Available"
+# NodePoolNotFound's reasons: a node set's NodePool is not on the hub / all are.
+NODEPOOL_NOT_FOUND = "NodePoolNotFound"
+NODEPOOLS_FOUND = "NodePoolsFound"
 # How far a restarted worker's report numbers start above the last its stopped run delivered.
 RESTART_REPORT_GAP = 1000
 
@@ -214,6 +218,10 @@ class ClusterPatch(StrEnum):
     # not there yet) are shown on the order and put again every `prerequisite_recheck` until done;
     # before, one refusal counted as done and the hosts kept their old groups.
     SECURITY_GROUPS_ASKED_AGAIN = "security-groups-asked-again"
+    # No worker is started for a node set whose NodePool is not on the hub (its Agent could not be
+    # handed to anything): the order shows NodePoolNotFound and looks again every
+    # `prerequisite_recheck`. Before, the worker allocated a host and waited at its hand-off.
+    NODEPOOLS_FOUND_BEFORE_HOSTS = "nodepools-found-before-hosts"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -304,6 +312,9 @@ class ClusterWorkersWorkflow:
         self._starting: Counter[str] = Counter()
         # Per such slot not yet Ready: how many looks in a row found it quiet.
         self._earlier_quiet_looks: dict[str, int] = {}
+        # The NodePools seen on the hub in this run (NODEPOOLS_FOUND_BEFORE_HOSTS); a new run looks
+        # again before it starts a worker.
+        self._nodepools_found: set[str] = set()
 
     # ----------------------------------------------------------------------------------- API
 
@@ -487,6 +498,7 @@ class ClusterWorkersWorkflow:
         recreated_image = asyncio.ensure_future(self._wait_recreated_infraenv())
         leavers = asyncio.ensure_future(self._look_after_leavers())
         earlier_workers = asyncio.ensure_future(self._look_after_earlier_workers())
+        nodepools = asyncio.ensure_future(self._find_nodepools())
 
         prepared = self._facts is not None and self._cluster is not None and not self._preparing
         if not prepared and (not self._decommissioning or self._slots):
@@ -537,6 +549,7 @@ class ClusterWorkersWorkflow:
         recreated_image.cancel()
         leavers.cancel()
         earlier_workers.cancel()
+        nodepools.cancel()
         # A last write the hub refuses for good is given up after its call timeout: retried for ever,
         # it held the run (and the controller the finalizer) until the server's history limit.
         await self._flush_status(
@@ -1109,10 +1122,75 @@ class ClusterWorkersWorkflow:
                 victims.extend(s for s in active if s.named_for_removal)
                 active = [s for s in active if not s.named_for_removal]
             want = desired.get(name, 0)
-            if can_start and name in desired and want > len(active):
+            if can_start and name in desired and want > len(active) and not self._nodepool_missing(name):
                 starts[name] = want - len(active)
             victims.extend(active[: max(len(active) - want, 0)])
         return starts, victims
+
+    def _nodepool_of(self, node_set: str) -> str:
+        return self._input.order.nodepool_name(self._node_sets[node_set].instance_type)
+
+    def _nodepool_missing(self, node_set: str) -> bool:
+        """Whether new workers of the node set wait for its NodePool (not seen yet in this run)."""
+        return self._nodepool_of(node_set) not in self._nodepools_found and workflow.patched(
+            ClusterPatch.NODEPOOLS_FOUND_BEFORE_HOSTS.value
+        )
+
+    def _nodepools_wanted(self) -> set[str]:
+        """The NodePools not seen yet of the node sets that want more workers than they have."""
+        if self._cluster is None or self._facts is None or self._decommissioning:
+            return set()
+        active: Counter[str] = Counter(s.spec.node_set for s in self._slots.values() if _active(s))
+        return {
+            self._nodepool_of(name)
+            for name, node_set in self._node_sets.items()
+            if node_set.count > active[name] and self._nodepool_of(name) not in self._nodepools_found
+        }
+
+    async def _find_nodepools(self) -> None:
+        """NODEPOOLS_FOUND_BEFORE_HOSTS: the cluster-provisioning flow makes a NodePool per node set
+        (osac-reference §3); a worker started before its NodePool exists holds a host it cannot
+        hand to anything. Looks for the NodePools the node sets wanting workers need, and again
+        every `prerequisite_recheck` while one is missing, showing NodePoolNotFound meanwhile."""
+        while True:
+            await workflow.wait_condition(lambda: bool(self._nodepools_wanted()) or self._decommissioning)
+            if self._decommissioning or not workflow.patched(ClusterPatch.NODEPOOLS_FOUND_BEFORE_HOSTS.value):
+                return
+            wanted = self._nodepools_wanted()
+            assert self._cluster is not None
+            try:
+                listed = await self._hub(
+                    HubActivity.LIST_NODEPOOLS,
+                    ClusterReleaseInput(order=self._input.order, cluster=self._cluster),
+                    NodePoolNames,
+                    summary=f"Look for the NodePools {', '.join(sorted(wanted))}",
+                )
+                found = wanted & set(listed.names)
+            except ActivityError as err:  # refused for good (a permission): looked at again later
+                workflow.logger.warning("NodePools not listed: %s", err.cause or err)
+                found = set()
+            if found:
+                self._nodepools_found |= found
+                self._touch()  # the main loop starts their workers
+            missing = wanted - found
+            shown = self._conditions.get(OrderConditionType.NODEPOOL_NOT_FOUND)
+            if missing:
+                self._set_condition(
+                    OrderConditionType.NODEPOOL_NOT_FOUND,
+                    ConditionStatus.TRUE,
+                    NODEPOOL_NOT_FOUND,
+                    f"No NodePool {', '.join(sorted(missing))} in {self._cluster.namespace}: the"
+                    " cluster-provisioning flow makes one per node request; no host is allocated for"
+                    " its workers until it exists.",
+                )
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: self._decommissioning, timeout=self._input.policy.prerequisite_recheck
+                    )
+            elif shown is not None and shown.status == ConditionStatus.TRUE:
+                self._set_condition(
+                    OrderConditionType.NODEPOOL_NOT_FOUND, ConditionStatus.FALSE, NODEPOOLS_FOUND
+                )
 
     def _new_slot(self, node_set: NodeSetRequest) -> SlotRecord:
         assert self._facts is not None and self._cluster is not None

@@ -908,3 +908,54 @@ async def test_tenant_facing_text_never_leaks_backend_detail(stack: Stack) -> No
     for message in sorted(messages):
         for what, pattern in TENANT_TEXT_LEAKS.items():
             assert not pattern.search(message), f"tenant text shows {what}: {message!r}"
+
+
+NODEPOOLS = "/apis/hypershift.openshift.io/v1beta1/namespaces/{namespace}/nodepools"
+
+
+async def test_no_host_is_allocated_for_a_node_set_whose_nodepool_is_not_there(stack: Stack) -> None:
+    """A node set added on a live order before the cluster-provisioning flow made its NodePool: its
+    worker allocated a host, and waited at its hand-off, retrying, the host held, nothing said on the
+    order. Now the order shows NodePoolNotFound and allocates nothing for it until the NodePool is
+    there; then the worker comes, and the condition turns False."""
+    api = stack.with_policy(prerequisite_recheck=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 0})  # the flow makes bm-standard's NodePool only
+    await stack.apply(order, {"bm-standard": 0, "bm-gpu": 1}, api)
+    cond = await _nodepool_condition(stack, order, "True")
+    assert cond["reason"] == "NodePoolNotFound"
+    assert f"nodepool-{order.name}-bm-gpu" in cond["message"], cond
+    assert await stack.bmis(order) == []
+    # The flow catches up: the NodePool, as it makes them.
+    pools = NODEPOOLS.format(namespace=order.namespace)
+    model = (await stack.hub_http.get(f"{pools}/nodepool-{order.name}-bm-standard")).raise_for_status().json()
+    selector = model["spec"]["platform"]["agent"]["agentLabelSelector"]["matchLabels"]
+    gpu = {
+        "apiVersion": model["apiVersion"],
+        "kind": "NodePool",
+        "metadata": {"name": f"nodepool-{order.name}-bm-gpu", "namespace": order.namespace},
+        "spec": {
+            **model["spec"],
+            "replicas": 0,
+            "platform": {
+                **model["spec"]["platform"],
+                "agent": {
+                    "agentLabelSelector": {
+                        "matchLabels": {**selector, "osac.openshift.io/resource_class": "bm-gpu"}
+                    }
+                },
+            },
+        },
+    }
+    (await stack.hub_http.post(pools, json=gpu)).raise_for_status()
+    await stack.wait_ready(order, 1)
+    cond = await _nodepool_condition(stack, order, "False")
+    assert cond["reason"] == "NodePoolsFound"
+    await _clean_decommission(stack, order)
+
+
+async def _nodepool_condition(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
+    async def shown() -> dict[str, Any] | None:
+        cond = await _condition(stack, order, "NodePoolNotFound")
+        return cond if cond and cond["status"] == status else None
+
+    return await eventually(shown, f"NodePoolNotFound={status} on {order.key}")
