@@ -588,7 +588,6 @@ class HubActivities:
         return cluster_release(pools.items, input.cluster)
 
     @activity.defn(name=HubActivity.LIST_NODEPOOLS.value)
-    @refusals_retried
     async def list_nodepools(self, input: ClusterReleaseInput) -> NodePoolNames:
         """The NodePools the cluster-provisioning flow made in the hosted cluster's namespace, so
         that no host is allocated for a node set whose NodePool is not there (its Agent could not

@@ -377,6 +377,9 @@ class ClusterWorkersStatus(BaseModel):
     ignored_scale_downs: list[str]
     # The latest ClusterOrder generation a `set_node_sets` came from (None: none said).
     order_generation: int | None = None
+    # The maximum of workers the run was started with, which it keeps (None: a worker older than
+    # the field), so callers check a change by the workflow's own rule before they write it.
+    max_workers_per_order: int | None = None
 
 
 class ScaleDownWorker(BaseModel):

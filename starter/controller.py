@@ -493,12 +493,12 @@ class ClusterOrderController:
                 return None
             observed = status.node_sets
             # The workflow refuses by the same rules, naming its command's fields; checked here too,
-            # the refusal names the order's. The workflow's to check: new workers' names, and the
-            # maximum, which it keeps from its start (the controller's may have changed since).
+            # the refusal names the order's. The maximum is the one the workflow keeps from its
+            # start (the controller's may have changed since); new workers' names are its to check.
             problem = node_set_problem(
                 desired,
                 await self._catalog.names(),
-                None,
+                status.max_workers_per_order,
                 current=observed,
                 confirm_scale_down=confirmed(obj),
                 fields=OrderFields(facts),

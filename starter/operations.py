@@ -118,16 +118,16 @@ class OrderOperations:
             else n
             for n in current
         ]
-        running = True
         try:
-            held = (await self.api.status(order)).node_sets
+            status = await self.api.status(order)
+            # A running workflow keeps the maximum it was started with.
+            held, maximum = status.node_sets, status.max_workers_per_order
         except OrderNotFound:
-            held, running = [], False  # no workflow yet: nothing to scale down
+            held, maximum = [], self.api.max_workers_per_order  # no workflow yet: nothing to scale down
         problem = node_set_problem(
             wanted,
             await self._instance_types(),
-            # A running workflow keeps the maximum it was started with: its own to check.
-            None if running else self.api.max_workers_per_order,
+            maximum,
             current=held,
             confirm_scale_down=confirm_scale_down,
             order=order,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
@@ -106,6 +107,7 @@ AVAILABLE = "Available"
 # NodePoolNotFound's reasons: a node set's NodePool is not on the hub / all are.
 NODEPOOL_NOT_FOUND = "NodePoolNotFound"
 NODEPOOLS_FOUND = "NodePoolsFound"
+NOT_NEEDED = "NotNeeded"  # no node set wants a NodePool not seen any more
 # How far a restarted worker's report numbers start above the last its stopped run delivered.
 RESTART_REPORT_GAP = 1000
 
@@ -484,6 +486,7 @@ class ClusterWorkersWorkflow:
             finished=self._finished,
             ignored_scale_downs=list(self._ignored_scale_downs),
             order_generation=self._order_generation,
+            max_workers_per_order=self._input.max_workers_per_order,
         )
 
     # ------------------------------------------------------------------------------ main flow
@@ -1151,12 +1154,25 @@ class ClusterWorkersWorkflow:
         """NODEPOOLS_FOUND_BEFORE_HOSTS: the cluster-provisioning flow makes a NodePool per node set
         (osac-reference §3); a worker started before its NodePool exists holds a host it cannot
         hand to anything. Looks for the NodePools the node sets wanting workers need, and again
-        every `prerequisite_recheck` while one is missing, showing NodePoolNotFound meanwhile."""
+        every `prerequisite_recheck` while one is missing (or sooner, when another is wanted),
+        showing NodePoolNotFound meanwhile; False once none is missing or wanted."""
         while True:
-            await workflow.wait_condition(lambda: bool(self._nodepools_wanted()) or self._decommissioning)
-            if self._decommissioning or not workflow.patched(ClusterPatch.NODEPOOLS_FOUND_BEFORE_HOSTS.value):
-                return
+            await workflow.wait_condition(
+                lambda: (
+                    bool(self._nodepools_wanted()) or self._decommissioning or self._nodepool_shown_missing()
+                )
+            )
             wanted = self._nodepools_wanted()
+            if not wanted:
+                if self._nodepool_shown_missing():  # its node set was removed, lowered or decommissioned
+                    self._set_condition(
+                        OrderConditionType.NODEPOOL_NOT_FOUND, ConditionStatus.FALSE, NOT_NEEDED
+                    )
+                if self._decommissioning:
+                    return
+                continue
+            if not workflow.patched(ClusterPatch.NODEPOOLS_FOUND_BEFORE_HOSTS.value):
+                return
             assert self._cluster is not None
             try:
                 listed = await self._hub(
@@ -1165,16 +1181,23 @@ class ClusterWorkersWorkflow:
                     NodePoolNames,
                     summary=f"Look for the NodePools {', '.join(sorted(wanted))}",
                 )
-                found = wanted & set(listed.names)
-            except ActivityError as err:  # refused for good (a permission): looked at again later
-                workflow.logger.warning("NodePools not listed: %s", err.cause or err)
-                found = set()
+            except ActivityError as err:
+                if isinstance(err.cause, CancelledError):
+                    raise
+                self._show_refusal(
+                    err,
+                    OrderConditionType.NODEPOOL_NOT_FOUND,
+                    ConditionStatus.TRUE,
+                    "The hub refused to list the hosted cluster's NodePools; no host is allocated for"
+                    " new workers until it does.",
+                )
+                listed = None
+            found = wanted & set(listed.names if listed is not None else ())
             if found:
                 self._nodepools_found |= found
-                self._touch()  # the main loop starts their workers
+                self._changed = True  # the main loop starts their workers
             missing = wanted - found
-            shown = self._conditions.get(OrderConditionType.NODEPOOL_NOT_FOUND)
-            if missing:
+            if missing and listed is not None:
                 self._set_condition(
                     OrderConditionType.NODEPOOL_NOT_FOUND,
                     ConditionStatus.TRUE,
@@ -1183,14 +1206,24 @@ class ClusterWorkersWorkflow:
                     " cluster-provisioning flow makes one per node request; no host is allocated for"
                     " its workers until it exists.",
                 )
+            if missing:
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(
-                        lambda: self._decommissioning, timeout=self._input.policy.prerequisite_recheck
+                        functools.partial(self._nodepools_recheck_due, frozenset(wanted)),
+                        timeout=self._input.policy.prerequisite_recheck,
                     )
-            elif shown is not None and shown.status == ConditionStatus.TRUE:
+            elif self._nodepool_shown_missing():
                 self._set_condition(
                     OrderConditionType.NODEPOOL_NOT_FOUND, ConditionStatus.FALSE, NODEPOOLS_FOUND
                 )
+
+    def _nodepools_recheck_due(self, listed: frozenset[str]) -> bool:
+        """Before the recheck interval: decommissioned, or another NodePool wanted than `listed`."""
+        return self._decommissioning or bool(self._nodepools_wanted() - listed)
+
+    def _nodepool_shown_missing(self) -> bool:
+        shown = self._conditions.get(OrderConditionType.NODEPOOL_NOT_FOUND)
+        return shown is not None and shown.status == ConditionStatus.TRUE
 
     def _new_slot(self, node_set: NodeSetRequest) -> SlotRecord:
         assert self._facts is not None and self._cluster is not None

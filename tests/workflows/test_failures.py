@@ -959,3 +959,37 @@ async def _nodepool_condition(stack: Stack, order: OrderRef, status: str) -> dic
         return cond if cond and cond["status"] == status else None
 
     return await eventually(shown, f"NodePoolNotFound={status} on {order.key}")
+
+
+async def test_a_missing_nodepool_no_node_set_wants_any_more_is_shown_no_more(stack: Stack) -> None:
+    """The node set whose NodePool was missing is lowered to 0: NodePoolNotFound turns False (it
+    stayed True for good, the order saying no host is allocated for a node set nobody wanted)."""
+    api = stack.with_policy(prerequisite_recheck=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 0})
+    await stack.apply(order, {"bm-standard": 0, "bm-gpu": 1}, api)
+    await _nodepool_condition(stack, order, "True")
+    await stack.apply(order, {"bm-standard": 0, "bm-gpu": 0}, api)
+    cond = await _nodepool_condition(stack, order, "False")
+    assert cond["reason"] == "NotNeeded"
+    assert await stack.bmis(order) == []
+    await _clean_decommission(stack, order)
+
+
+async def test_nodepools_the_hub_refuses_to_list_are_shown_as_a_refusal(stack: Stack) -> None:
+    """A permission a rollout forgot: the order says the hub refused (RequestRefused), not that the
+    NodePool is missing, allocates nothing, and asks again until the hub answers."""
+    api = stack.with_policy(prerequisite_recheck=timedelta(seconds=1))
+    order = await stack.create_order({"bm-standard": 1})
+    refused = {"errors": [{"code": 403, "verbs": ["list"], "resources": ["nodepools"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=refused)).raise_for_status()
+    try:
+        await stack.apply(order, {"bm-standard": 1}, api)
+        cond = await _nodepool_condition(stack, order, "True")
+        assert cond["reason"] == "RequestRefused", cond
+        assert await stack.bmis(order) == []
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    await stack.wait_ready(order, 1)
+    cond = await _nodepool_condition(stack, order, "False")
+    assert cond["reason"] == "NodePoolsFound"
+    await _clean_decommission(stack, order)
