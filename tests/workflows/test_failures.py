@@ -447,11 +447,15 @@ async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stac
 
 
 async def _service_condition(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
+    return await _condition_shown(stack, order, "FulfillmentServiceUnavailable", status)
+
+
+async def _condition_shown(stack: Stack, order: OrderRef, kind: str, status: str) -> dict[str, Any]:
     async def shown() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "FulfillmentServiceUnavailable")
+        cond = await _condition(stack, order, kind)
         return cond if cond and cond["status"] == status else None
 
-    return await eventually(shown, f"FulfillmentServiceUnavailable={status} on {order.key}")
+    return await eventually(shown, f"{kind}={status} on {order.key}")
 
 
 async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_out(stack: Stack) -> None:
@@ -899,17 +903,6 @@ async def test_a_create_refused_after_a_retry_still_waits_for_a_late_bmi(stack: 
     await _clean_decommission(stack, order)
 
 
-async def test_tenant_facing_text_never_leaks_backend_detail(stack: Stack) -> None:
-    """Last in the module (pytest runs a module's tests in file order): everything the failure tests
-    above showed on their ClusterOrders."""
-    messages = {m for m in TENANT_MESSAGES_SEEN if m}
-    reasons_seen = {m for m in messages if "retrying" in m or "waiting" in m}
-    assert len(reasons_seen) >= 3, f"the collector saw too little: {messages}"
-    for message in sorted(messages):
-        for what, pattern in TENANT_TEXT_LEAKS.items():
-            assert not pattern.search(message), f"tenant text shows {what}: {message!r}"
-
-
 NODEPOOLS = "/apis/hypershift.openshift.io/v1beta1/namespaces/{namespace}/nodepools"
 
 
@@ -954,11 +947,7 @@ async def test_no_host_is_allocated_for_a_node_set_whose_nodepool_is_not_there(s
 
 
 async def _nodepool_condition(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
-    async def shown() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "NodePoolNotFound")
-        return cond if cond and cond["status"] == status else None
-
-    return await eventually(shown, f"NodePoolNotFound={status} on {order.key}")
+    return await _condition_shown(stack, order, "NodePoolNotFound", status)
 
 
 async def test_a_missing_nodepool_no_node_set_wants_any_more_is_shown_no_more(stack: Stack) -> None:
@@ -993,3 +982,14 @@ async def test_nodepools_the_hub_refuses_to_list_are_shown_as_a_refusal(stack: S
     cond = await _nodepool_condition(stack, order, "False")
     assert cond["reason"] == "NodePoolsFound"
     await _clean_decommission(stack, order)
+
+
+async def test_tenant_facing_text_never_leaks_backend_detail(stack: Stack) -> None:
+    """Last in the module (pytest runs a module's tests in file order): everything the failure tests
+    above showed on their ClusterOrders."""
+    messages = {m for m in TENANT_MESSAGES_SEEN if m}
+    reasons_seen = {m for m in messages if "retrying" in m or "waiting" in m}
+    assert len(reasons_seen) >= 3, f"the collector saw too little: {messages}"
+    for message in sorted(messages):
+        for what, pattern in TENANT_TEXT_LEAKS.items():
+            assert not pattern.search(message), f"tenant text shows {what}: {message!r}"
