@@ -71,7 +71,7 @@ from activities.order_events import write_order_event
 from activities.reporting import delivers_reports
 from activities.timestamps import parse_time
 from contracts.activities import HubActivity
-from contracts.bmaas import LOST_STATES
+from contracts.bmaas import LostInstance
 from contracts.hub import (
     AGENT_INSTALL_FAILED_STATES,
     AGENT_MACHINE_REF_LABEL,
@@ -348,15 +348,12 @@ class InventoryGuard:
 def raise_if_host_lost(bmi_id: str, observed: Observed, agent: str | None = None) -> None:
     """HostLost (non-retryable: the attempt fails and is released) once the BMI is not running its
     host any more."""
-    if isinstance(observed, Gone):
-        why = "is gone"
-    elif observed.state in LOST_STATES:
-        why = f"is {observed.state.value}"
-    else:
+    lost = LostInstance(bmi_id=bmi_id) if isinstance(observed, Gone) else observed.lost()
+    if lost is None:
         return
     seen = f" (Agent {agent})" if agent else ""
     raise error(
-        f"BMI {bmi_id} {why}: its host is not this worker's any more{seen}",
+        f"{lost.describe()}: its host is not this worker's any more{seen}",
         HubErrorType.HOST_LOST,
         non_retryable=True,
         bmi_id=bmi_id,

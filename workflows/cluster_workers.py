@@ -1145,9 +1145,10 @@ class ClusterWorkersWorkflow:
             return set()
         active: Counter[str] = Counter(s.spec.node_set for s in self._slots.values() if _active(s))
         return {
-            self._nodepool_of(name)
+            pool
             for name, node_set in self._node_sets.items()
-            if node_set.count > active[name] and self._nodepool_of(name) not in self._nodepools_found
+            if node_set.count > active[name]
+            and (pool := self._nodepool_of(name)) not in self._nodepools_found
         }
 
     async def _find_nodepools(self) -> None:

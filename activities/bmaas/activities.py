@@ -613,8 +613,8 @@ class BmaasActivities:
                         raise
                     lost.append(LostInstance(bmi_id=bmi_id))
                     continue
-            if snapshot.state in LOST_STATES:
-                lost.append(LostInstance(bmi_id=bmi_id, state=snapshot.state))
+            if (found := snapshot.lost()) is not None:
+                lost.append(found)
         return LostInstances(lost=lost)
 
     @activity.defn

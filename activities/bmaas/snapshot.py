@@ -8,7 +8,15 @@ from datetime import datetime
 from typing import Any
 
 from activities.timestamps import parse_time
-from contracts.bmaas import ORDER_LABEL, ORDER_NAMESPACE_LABEL, SYSTEM_TENANT, BmiState, WorkerInstance
+from contracts.bmaas import (
+    LOST_STATES,
+    ORDER_LABEL,
+    ORDER_NAMESPACE_LABEL,
+    SYSTEM_TENANT,
+    BmiState,
+    LostInstance,
+    WorkerInstance,
+)
 from contracts.hub import normalize_mac
 from contracts.refs import OrderRef
 
@@ -151,6 +159,11 @@ class BmiSnapshot:
         """The condition by which a DELETING instance says its deprovisioning failed, if any."""
         failing = [c for c in self.conditions if c.reports_deletion_failure]
         return failing[0] if failing else None
+
+    def lost(self) -> LostInstance | None:
+        """This BMI as a lost host (failed or being deleted, not by its worker), or None while it
+        may still run its node."""
+        return LostInstance(bmi_id=self.id, state=self.state) if self.state in LOST_STATES else None
 
     def worker_instance(self) -> WorkerInstance:
         return WorkerInstance(
