@@ -224,6 +224,10 @@ class ClusterPatch(StrEnum):
     # handed to anything): the order shows NodePoolNotFound and looks again every
     # `prerequisite_recheck`. Before, the worker allocated a host and waited at its hand-off.
     NODEPOOLS_FOUND_BEFORE_HOSTS = "nodepools-found-before-hosts"
+    # A victim whose run ended, its release done, while the pass that chose it started other
+    # workers (its run cancelled from outside, which it takes as a scale-down): the failed
+    # `scale_down` signal is left at that. Before, it failed this workflow.
+    ENDED_VICTIMS_LEFT_ALONE = "ended-victims-left-alone"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -1397,6 +1401,10 @@ class ClusterWorkersWorkflow:
             await tell()
             return
         except ApplicationError as err:
+            if slot.deleted and workflow.patched(ClusterPatch.ENDED_VICTIMS_LEFT_ALONE.value):
+                # Its release ended meanwhile: what the tell asked for is done.
+                workflow.logger.info("worker %s ended before it was told: %s", slot.spec.name, err)
+                return
             # Only a live slot's worker is started again; a deleted one's ended as it should.
             if slot.deleted or not workflow.patched(ClusterPatch.STOPPED_WORKERS_RESTARTED.value):
                 if lost is None:

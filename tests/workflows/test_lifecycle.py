@@ -9,6 +9,7 @@ import gc
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from contracts.workflows import (
     worker_workflow_id,
 )
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
+from tests.workflows.held_starts import CancelVictimWhileStarting
 from tests.workflows.stack import (
     AGENT_API,
     CLUSTER_ORDERS,
@@ -858,6 +860,45 @@ async def test_workers_stopped_from_outside_release_their_hosts(stack: Stack) ->
     assert before[leaves] in wiped
     assert await stack.audit_violations() == []
     await replay_clean(await stack.histories(order))
+
+
+async def test_a_victim_whose_release_ends_while_its_pass_starts_others_does_not_fail_the_order(
+    temporal_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """One command lowers one node set and raises the other. The pass that chooses the first's
+    worker as its victim starts the other's new worker; meanwhile the victim's run is cancelled from
+    outside and releases its host (the interceptor cancels it at that start and holds the start until
+    the release is reported). The pass's `scale_down` then finds the victim's run closed: the order
+    goes on (before, the failed signal failed the order's workflow)."""
+    racing = [CancelVictimWhileStarting()]
+    async with running_stack(temporal_env.client, tmp_path, worker_interceptors=racing) as raced:
+        order = await raced.create_order({"bm-gpu": 1, "bm-standard": 1})
+        await raced.apply(order, {"bm-gpu": 1, "bm-standard": 1})
+        before = {w.name: w for w in (await raced.wait_ready(order, 2)).workers}
+        victim, kept, new = (order.worker_name(i) for i in range(3))
+        assert before[victim].node_set == "bm-gpu" and before[kept].node_set == "bm-standard"
+        await raced.apply(order, {"bm-gpu": 0, "bm-standard": 2})
+
+        async def settled() -> bool:
+            status = await raced.api.status(order)
+            return [w.name for w in status.workers] == [kept, new] and status.ready_workers == 2
+
+        await eventually(settled, f"{victim} released and {new} Ready", timeout=120)
+        order_run = raced.client.get_workflow_handle(cluster_workflow_id(order))
+        assert (await order_run.describe()).status == WorkflowExecutionStatus.RUNNING
+        victim_run = await raced.client.get_workflow_handle(worker_workflow_id(order, victim)).describe()
+        assert victim_run.status == WorkflowExecutionStatus.COMPLETED
+        told_too_late = [
+            e
+            for e in (await order_run.fetch_history()).events
+            if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_FAILED
+        ]
+        assert told_too_late, "the race did not happen: the victim's run took the scale_down"
+        await raced.decommission_and_wait(order)
+        assert await raced.bmis(order) == []
+        assert await raced.agents(order.namespace) == []
+        assert await raced.audit_violations() == []
+        await replay_clean(await raced.histories(order), racing)
 
 
 async def test_a_worker_cancelled_from_outside_is_replaced_while_it_still_leaves(stack: Stack) -> None:

@@ -1,0 +1,52 @@
+"""A worker interceptor that makes one reconcile pass race a victim's own end: when the order
+starts its third worker (index 2), it first cancels its first worker's run (as an operator's cancel
+in the Web UI would), holds the start until that worker's release has ended and been reported, and
+a little longer for its run to close. The pass that started the third worker then tells the first,
+already chosen as a victim, to leave (a module of its own so the sandbox can import it)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import client, workflow
+from temporalio.worker import (
+    Interceptor,
+    StartChildWorkflowInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+
+HELD_SUFFIX = "-worker-2"
+VICTIM_SUFFIX = "-worker-0"
+# The victim's last report goes out before its run closes (a workflow task later).
+CLOSE_AFTER_REPORT = timedelta(seconds=3)
+
+
+class _RacingOutbound(WorkflowOutboundInterceptor):
+    async def start_child_workflow(
+        self, input: StartChildWorkflowInput
+    ) -> workflow.ChildWorkflowHandle[Any, Any]:
+        if input.id.endswith(HELD_SUFFIX):
+            victim_id = input.id.removesuffix(HELD_SUFFIX) + VICTIM_SUFFIX
+            victim = victim_id.rsplit("/", 1)[1]
+            await workflow.get_external_workflow_handle(victim_id).cancel()
+            order = workflow.instance()
+            await workflow.wait_condition(lambda: victim not in {w.name for w in order.status().workers})
+            await workflow.sleep(CLOSE_AFTER_REPORT)
+        return await super().start_child_workflow(input)
+
+
+class _RacingInbound(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_RacingOutbound(outbound))
+
+
+class CancelVictimWhileStarting(client.Interceptor, Interceptor):
+    """On the worker's client: workers take the client's interceptors that are worker interceptors."""
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor] | None:
+        return _RacingInbound
