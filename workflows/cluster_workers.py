@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -228,6 +228,10 @@ class ClusterPatch(StrEnum):
     # workers (its run cancelled from outside, which it takes as a scale-down): the failed
     # `scale_down` signal is left at that. Before, it failed this workflow.
     ENDED_VICTIMS_LEFT_ALONE = "ended-victims-left-alone"
+    # A command's refresh of the InfraEnv and of the order's facts (retried until the hub answers:
+    # for good while the InfraEnv is stuck deleting) is stopped by a decommission. Before, the
+    # decommission, accepted, waited behind it.
+    DECOMMISSION_STOPS_REFRESHES = "decommission-stops-refreshes"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -827,13 +831,13 @@ class ClusterWorkersWorkflow:
         if self._order_edited and not self._decommissioning:
             self._order_edited = False
             if workflow.patched(ClusterPatch.INFRAENV_FOLLOWS_THE_ORDER.value):
-                await self._refresh_infraenv()
+                await self._refresh(self._refresh_infraenv())
             if workflow.patched(ClusterPatch.SECURITY_GROUPS_FOLLOW_THE_ORDER.value):
-                await self._refresh_security_groups()
+                await self._refresh(self._refresh_security_groups())
         if self._infraenv_missing and not self._decommissioning:
             self._infraenv_missing = False
             if workflow.patched(ClusterPatch.MISSING_INFRAENV_RECREATED.value):
-                await self._refresh_infraenv()
+                await self._refresh(self._refresh_infraenv())
         if self._decommissioning:
             desired: dict[str, int] = {}
         else:
@@ -856,6 +860,23 @@ class ClusterWorkersWorkflow:
         await asyncio.gather(*(self._tell_worker(slot, None) for slot in victims))
         if new_slots or victims:
             self._status_generation += 1
+
+    async def _refresh(self, refresh: Coroutine[Any, Any, None]) -> None:
+        """A refresh's hub call is retried until the hub answers: for good while the InfraEnv or its
+        Secret is stuck deleting behind a finalizer. A decommission does not wait for it."""
+        if not workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value):
+            await refresh
+            return
+        if self._decommissioning:  # arrived during the refresh before
+            refresh.close()
+            return
+        task = asyncio.ensure_future(refresh)
+        await workflow.wait_condition(lambda: task.done() or self._decommissioning)
+        if not task.done():
+            workflow.logger.info("order %s decommissioned: its refresh is stopped", self._input.order.key)
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ActivityError):
+            await task
 
     async def _refresh_infraenv(self) -> None:
         """The order may have changed more than its counts (a rotated pull secret, a new SSH key):

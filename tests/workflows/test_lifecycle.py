@@ -1197,6 +1197,45 @@ async def test_an_infraenv_deleted_behind_our_back_is_created_again_for_the_next
     assert await stack.bmis(order) == []
 
 
+async def test_a_decommission_does_not_wait_for_an_infraenv_stuck_deleting(stack: Stack) -> None:
+    """The order's InfraEnv is stuck deleting (a finalizer nobody removes) when a command comes: the
+    command's refresh of the InfraEnv is retried as long as it stays so. A decommission stops that
+    refresh: the worker leaves and its host is wiped while the InfraEnv is still held (before, the
+    decommission, accepted, waited behind the refresh for as long as the InfraEnv was)."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    path = f"{AGENT_API}/namespaces/{order.namespace}/infraenvs/{InfraEnvRef.for_order(order).name}"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    held = {"metadata": {"finalizers": ["tests.osac.openshift.io/held"]}}
+    (await stack.hub_http.patch(path, json=held, headers=merge)).raise_for_status()
+    (await stack.hub_http.delete(path)).raise_for_status()
+    try:
+        await stack.apply(order, {"bm-standard": 1})  # a command: the order is read and refreshed
+        order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
+
+        async def refresh_retried() -> bool:
+            pending = (await order_run.describe()).raw_description.pending_activities
+            return any(
+                a.activity_type.name == HubActivity.ENSURE_INFRAENV.value and a.attempt >= 2 for a in pending
+            )
+
+        await eventually(refresh_retried, "the InfraEnv's refresh retried while it is being deleted")
+        await stack.api.decommission(order)
+
+        async def released() -> bool:
+            return await stack.bmis(order) == [] and (await stack.api.status(order)).workers == []
+
+        await eventually(released, "the worker released while the InfraEnv is still deleting", timeout=120)
+        assert (await stack.hub_http.get(path)).status_code == 200
+    finally:
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+    await asyncio.wait_for(stack.api.wait_finished(order), 180)
+    assert await stack.infraenvs(order.namespace) == []
+    assert await stack.audit_violations() == []
+    await replay_clean(await stack.histories(order))
+
+
 async def test_an_order_the_hub_will_not_show_waits_and_its_decommission_still_ends_it(stack: Stack) -> None:
     """A library caller starts workers for a ClusterOrder the hub does not have (yet, or any more):
     the workflow shows the refusal and asks again instead of failing, which would leave nobody to
