@@ -115,6 +115,10 @@ class WorkerReport(BaseModel):
     sequence: int = Field(default=0, ge=0)
     # A BMaaS request of the worker's that keeps failing (None: none, or a worker from before).
     bmaas_failing: FailingRequests | None = None
+    # The uid of the ClusterOrder the worker was started for. A late copy from a worker of an
+    # earlier order of the same name (deleted and created again) reaches the new order's workflow,
+    # whose slots have the same names: it is not taken. None: a worker from before, always taken.
+    order_uid: str | None = None
 
 
 class WorkerReports(BaseModel):

@@ -289,6 +289,8 @@ class WorkerNodeInput(BaseModel):
     progress: WorkerProgress | None = None  # set only by continue-as-new
     # Absent in the inputs of workers started before revisions existed, which ran as the first.
     revision: WorkerRevision = WorkerRevision.SIGNALLED_REPORTS
+    # The ClusterOrder's uid, put on every report (`WorkerReport.order_uid`).
+    order_uid: str | None = None
 
 
 class WorkerOutcome(StrEnum):

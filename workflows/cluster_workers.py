@@ -451,6 +451,11 @@ class ClusterWorkersWorkflow:
         slot = self._slots.get(report.status.name)
         if slot is None:
             return False
+        uid = self._order_uid()
+        if report.order_uid and uid and report.order_uid != uid:
+            # From a worker of an earlier order of this name: its slot is not this one.
+            workflow.logger.warning("report of %s for another ClusterOrder ignored", report.status.name)
+            return False
         if report.sequence and report.sequence <= slot.report_sequence:
             return False  # a late copy (a retried activity) of a report already superseded
         slot.report_sequence = max(slot.report_sequence, report.sequence)
@@ -1326,6 +1331,7 @@ class ClusterWorkersWorkflow:
                     bmaas_task_queue=self._input.bmaas_task_queue,
                     parent_workflow_id=cluster_workflow_id(order),
                     revision=CURRENT_WORKER_REVISION,
+                    order_uid=self._order_uid(),
                     progress=progress,
                 ),
                 id=self._child_id(slot),
@@ -1443,6 +1449,9 @@ class ClusterWorkersWorkflow:
             await tell()
         except ApplicationError as err:
             workflow.logger.warning("could not tell the restarted worker %s: %s", slot.spec.name, err)
+
+    def _order_uid(self) -> str | None:
+        return (self._facts.uid or None) if self._facts is not None else None
 
     def _child_id(self, slot: SlotRecord) -> str:
         return worker_workflow_id(self._input.order, slot.spec.name)

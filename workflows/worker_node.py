@@ -928,6 +928,7 @@ class WorkerNodeWorkflow:
             deleted=deleted,
             sequence=progress.report_sequence + 1,
             bmaas_failing=progress.bmaas_failing,
+            order_uid=self._order_uid(),
         )
 
     def _status_changed(self, deleted: bool = False, delivered: WorkerReport | None = None) -> None:
@@ -981,8 +982,13 @@ class WorkerNodeWorkflow:
                 status=self._progress.status.model_copy(deep=True),
                 deleted=deleted,
                 bmaas_failing=self._progress.bmaas_failing,
+                order_uid=self._order_uid(),
             )
         )
+
+    def _order_uid(self) -> str | None:
+        assert self._input is not None
+        return self._input.order_uid
 
     async def _send_report(self, report: WorkerReport) -> None:
         assert self._input is not None

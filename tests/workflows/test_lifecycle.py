@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.testing import WorkflowEnvironment
 
@@ -899,6 +900,49 @@ async def test_a_victim_whose_release_ends_while_its_pass_starts_others_does_not
         assert await raced.agents(order.namespace) == []
         assert await raced.audit_violations() == []
         await replay_clean(await raced.histories(order), racing)
+
+
+async def test_a_late_report_of_an_earlier_order_of_the_same_name_is_not_taken(stack: Stack) -> None:
+    """The tenant deletes an order and creates it again under the same name: the new order's
+    workflow has the same id, and its slots the same names. A late copy of the earlier worker's
+    last report (its activity retried after delivering it) reaches the new run: it is not taken.
+    Before, that `deleted` report made the new order drop its live worker, which kept its host
+    while a replacement was allocated another."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    await stack.wait_ready(order, 1)
+    await stack.decommission_and_wait(order)
+    order_id = cluster_workflow_id(order)
+    (earlier,) = [h for h in await stack.histories(order) if h.workflow_id == order_id]
+    delivered = [
+        pydantic_data_converter.payload_converter.from_payloads(
+            e.workflow_execution_signaled_event_attributes.input.payloads, [WorkerReports]
+        )[0]
+        for e in earlier.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == "worker_reports"
+    ]
+    last = [r for batch in delivered for r in batch.reports if r.deleted]
+    assert len(last) == 1 and last[0].status.name == order.worker_name(0)
+    path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+    (await stack.hub_http.delete(path)).raise_for_status()
+    await stack.create_order({"bm-standard": 1}, namespace=order.namespace, name=order.name)
+    node_sets = [NodeSetRequest(name="bm-standard", instance_type="bm-standard", count=1)]
+    await stack.api.apply(order, node_sets, instance_types=INSTANCE_TYPES, after_completed_run=True)
+    (worker,) = (await stack.wait_ready(order, 1)).workers
+    assert worker.name == last[0].status.name
+    await stack.client.get_workflow_handle(order_id).signal(
+        ClusterWorkersWorkflow.worker_reports, WorkerReports(reports=last)
+    )
+    await stack.apply(order, {"bm-standard": 1})  # answered once the signal before it is taken
+    status = await stack.api.status(order)
+    assert [(w.name, w.resource_id, w.phase) for w in status.workers] == [
+        (worker.name, worker.resource_id, WorkerPhase.READY)
+    ]
+    assert len(await stack.bmis(order)) == 1
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    assert await stack.audit_violations() == []
 
 
 async def test_a_worker_cancelled_from_outside_is_replaced_while_it_still_leaves(stack: Stack) -> None:
