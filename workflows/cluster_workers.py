@@ -232,6 +232,9 @@ class ClusterPatch(StrEnum):
     # for good while the InfraEnv is stuck deleting) is stopped by a decommission. Before, the
     # decommission, accepted, waited behind it.
     DECOMMISSION_STOPS_REFRESHES = "decommission-stops-refreshes"
+    # A report carrying another ClusterOrder's uid (a late copy from a worker of an earlier order
+    # of the same name) is not taken.
+    REPORTS_OF_OTHER_ORDERS_IGNORED = "reports-of-other-orders-ignored"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -452,7 +455,12 @@ class ClusterWorkersWorkflow:
         if slot is None:
             return False
         uid = self._order_uid()
-        if report.order_uid and uid and report.order_uid != uid:
+        if (
+            report.order_uid
+            and uid
+            and report.order_uid != uid
+            and workflow.patched(ClusterPatch.REPORTS_OF_OTHER_ORDERS_IGNORED.value)
+        ):
             # From a worker of an earlier order of this name: its slot is not this one.
             workflow.logger.warning("report of %s for another ClusterOrder ignored", report.status.name)
             return False
@@ -876,7 +884,13 @@ class ClusterWorkersWorkflow:
             refresh.close()
             return
         task = asyncio.ensure_future(refresh)
-        await workflow.wait_condition(lambda: task.done() or self._decommissioning)
+        try:
+            await workflow.wait_condition(lambda: task.done() or self._decommissioning)
+        except asyncio.CancelledError:  # this workflow is cancelled: its hub call with it
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ActivityError):
+                await task
+            raise
         if not task.done():
             workflow.logger.info("order %s decommissioned: its refresh is stopped", self._input.order.key)
             task.cancel()
@@ -898,6 +912,8 @@ class ClusterWorkersWorkflow:
                 summary=f"Bring InfraEnv {order.infraenv_name} in line with the order",
             )
         except ActivityError as err:
+            if isinstance(err.cause, CancelledError) and self._decommissioning:
+                return  # stopped by the decommission (`_refresh`): nothing to say
             workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
             workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
             gone = ", and the InfraEnv's pull Secret is gone: no new host boots until that is corrected."
@@ -965,6 +981,8 @@ class ClusterWorkersWorkflow:
                 HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
             )
         except ActivityError as err:
+            if isinstance(err.cause, CancelledError) and self._decommissioning:
+                return  # stopped by the decommission (`_refresh`)
             # Refused for good: the hosts keep their groups; the next command or report tries again.
             workflow.logger.warning("ClusterOrder %s not read again: %s", order.key, err.cause or err)
             workflow.set_current_details(f"ClusterOrder {order.key} not read again: {err.cause or err}")
@@ -1428,8 +1446,9 @@ class ClusterWorkersWorkflow:
             await tell()
             return
         except ApplicationError as err:
-            if slot.deleted and workflow.patched(ClusterPatch.ENDED_VICTIMS_LEFT_ALONE.value):
-                # Its release ended meanwhile: what the tell asked for is done.
+            ended = slot.deleted and lost is None
+            if ended and workflow.patched(ClusterPatch.ENDED_VICTIMS_LEFT_ALONE.value):
+                # Its release ended meanwhile: what the scale-down asked for is done.
                 workflow.logger.info("worker %s ended before it was told: %s", slot.spec.name, err)
                 return
             # Only a live slot's worker is started again; a deleted one's ended as it should.
