@@ -235,6 +235,10 @@ class ClusterPatch(StrEnum):
     # A report carrying another ClusterOrder's uid (a late copy from a worker of an earlier order
     # of the same name) is not taken.
     REPORTS_OF_OTHER_ORDERS_IGNORED = "reports-of-other-orders-ignored"
+    # A prerequisite's call cancelled with this workflow (an operator's cancel in the Web UI while
+    # the order prepares) ends the run Canceled. Before, it was shown as the hub or BMaaS refusing
+    # the call (RequestRefused) and the run went on.
+    CANCELLED_CALLS_NOT_REFUSALS = "cancelled-calls-not-refusals"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -782,7 +786,13 @@ class ClusterWorkersWorkflow:
     def _show_refusal(
         self, err: ActivityError, kind: OrderConditionType, status: ConditionStatus, message: str
     ) -> None:
-        """A prerequisite's request refused for good: the tenant sees `message`, ops the error."""
+        """A prerequisite's request refused for good: the tenant sees `message`, ops the error. A
+        call cancelled is no refusal: this workflow's cancellation stays one (the run ends Canceled,
+        as it does when cancelled during a wait)."""
+        if isinstance(err.cause, CancelledError) and workflow.patched(
+            ClusterPatch.CANCELLED_CALLS_NOT_REFUSALS.value
+        ):
+            raise err
         workflow.logger.warning("%s: request refused: %s", kind.value, err.cause or err)
         self._set_condition(kind, status, REQUEST_REFUSED, message)
 

@@ -33,6 +33,7 @@ from contracts.workflows import (
     worker_workflow_id,
 )
 from lab.fulfillment.seed import DISK_IMAGE_NAME, RELEASE_IMAGE, host_labels, seeded_id
+from lab.hub.testing import sample_infraenv
 from tests.workflows.held_starts import CancelVictimWhileStarting
 from tests.workflows.stack import (
     AGENT_API,
@@ -1289,6 +1290,43 @@ async def test_a_decommission_does_not_wait_for_an_infraenv_stuck_deleting(stack
     assert await stack.infraenvs(order.namespace) == []
     assert await stack.audit_violations() == []
     await replay_clean(await stack.histories(order))
+
+
+async def test_an_order_cancelled_while_a_hub_call_of_it_is_retried_ends_cancelled(stack: Stack) -> None:
+    """An operator cancels the order's run in the Web UI while it prepares and a hub call of it is
+    being retried (its InfraEnv, an earlier one's of the same name, stuck deleting behind a
+    finalizer). The run ends Canceled, as one cancelled during a wait does, with nothing allocated.
+    Before, the cancelled call was shown as the hub refusing it (InfraEnvReady=False/RequestRefused)
+    and the run went on."""
+    order = await stack.create_order({"bm-standard": 1})
+    infraenvs = f"{AGENT_API}/namespaces/{order.namespace}/infraenvs"
+    earlier = sample_infraenv(order.infraenv_name)
+    earlier["metadata"]["finalizers"] = ["tests.osac.openshift.io/held"]
+    (await stack.hub_http.post(infraenvs, json=earlier)).raise_for_status()
+    path = f"{infraenvs}/{order.infraenv_name}"
+    (await stack.hub_http.delete(path)).raise_for_status()
+    merge = {"Content-Type": "application/merge-patch+json"}
+    try:
+        await stack.apply(order, {"bm-standard": 1})
+        order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
+
+        async def ensure_retried() -> bool:
+            pending = (await order_run.describe()).raw_description.pending_activities
+            return any(
+                a.activity_type.name == HubActivity.ENSURE_INFRAENV.value and a.attempt >= 2 for a in pending
+            )
+
+        await eventually(ensure_retried, "the InfraEnv's ensure retried while it is being deleted")
+        await order_run.cancel()
+
+        async def ended() -> WorkflowExecutionStatus | None:
+            status = (await order_run.describe()).status
+            return status if status != WorkflowExecutionStatus.RUNNING else None
+
+        assert await eventually(ended, "the order's run ended") == WorkflowExecutionStatus.CANCELED
+        assert await stack.bmis(order) == []
+    finally:
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
 
 
 async def test_an_order_the_hub_will_not_show_waits_and_its_decommission_still_ends_it(stack: Stack) -> None:
