@@ -235,9 +235,10 @@ class ClusterPatch(StrEnum):
     # A report carrying another ClusterOrder's uid (a late copy from a worker of an earlier order
     # of the same name) is not taken.
     REPORTS_OF_OTHER_ORDERS_IGNORED = "reports-of-other-orders-ignored"
-    # A prerequisite's call cancelled with this workflow (an operator's cancel in the Web UI while
-    # the order prepares) ends the run Canceled. Before, it was shown as the hub or BMaaS refusing
-    # the call (RequestRefused) and the run went on.
+    # A cancel of this workflow (an operator's, in the Web UI) that arrived while a call was under
+    # way or retried ends the run Canceled once the call ends, as one during a wait does. Before,
+    # the cancelled call was shown as the hub or BMaaS refusing it (RequestRefused), or taken as
+    # done, and the run went on.
     CANCELLED_CALLS_NOT_REFUSALS = "cancelled-calls-not-refusals"
 
 
@@ -533,6 +534,8 @@ class ClusterWorkersWorkflow:
             self._preparing = True
             await self._prepare()
             self._preparing = False
+            if self._cancel_requested():
+                raise asyncio.CancelledError()
             if (
                 self._facts_outdated()
                 and not self._decommissioning
@@ -541,6 +544,8 @@ class ClusterWorkersWorkflow:
                 await self._refresh_security_groups()
 
         while True:
+            if self._cancel_requested():
+                raise asyncio.CancelledError()
             self._changed = False
             await self._reconcile()
             if self._decommissioning and all(s.deleted for s in self._slots.values()):
@@ -788,11 +793,9 @@ class ClusterWorkersWorkflow:
     ) -> None:
         """A prerequisite's request refused for good: the tenant sees `message`, ops the error. A
         call cancelled is no refusal: this workflow's cancellation stays one (the run ends Canceled,
-        as it does when cancelled during a wait)."""
-        if isinstance(err.cause, CancelledError) and workflow.patched(
-            ClusterPatch.CANCELLED_CALLS_NOT_REFUSALS.value
-        ):
-            raise err
+        as it does when cancelled during a wait), whatever the call ended with."""
+        if self._cancel_requested():
+            raise asyncio.CancelledError()
         workflow.logger.warning("%s: request refused: %s", kind.value, err.cause or err)
         self._set_condition(kind, status, REQUEST_REFUSED, message)
 
@@ -812,9 +815,20 @@ class ClusterWorkersWorkflow:
             self._cluster_release = found.release_image
         return self._cluster_release
 
+    def _cancel_requested(self) -> bool:
+        """This workflow was cancelled (an operator's cancel in the Web UI). A call under way when
+        it came ends with its own result (calls wait for their cancellation to complete), and the
+        SDK takes the cancel as delivered: without this look, a loop that goes on after a failed
+        call, or a pass after a call that succeeded, would keep the run going for good."""
+        return workflow.cancellation_reason() is not None and workflow.patched(
+            ClusterPatch.CANCELLED_CALLS_NOT_REFUSALS.value
+        )
+
     async def _recheck_later(self) -> None:
         """Sit out a missing prerequisite until a command arrives or the recheck interval passes.
         Each recheck adds to the history: a wait of days continues as new from here."""
+        if self._cancel_requested():
+            raise asyncio.CancelledError()
         self._changed = False
         try:
             await workflow.wait_condition(
@@ -922,8 +936,8 @@ class ClusterWorkersWorkflow:
                 summary=f"Bring InfraEnv {order.infraenv_name} in line with the order",
             )
         except ActivityError as err:
-            if isinstance(err.cause, CancelledError) and self._decommissioning:
-                return  # stopped by the decommission (`_refresh`): nothing to say
+            if self._decommissioning and workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value):
+                return  # stopped by the decommission (`_refresh`): nothing to say or show
             workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
             workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
             gone = ", and the InfraEnv's pull Secret is gone: no new host boots until that is corrected."
@@ -991,7 +1005,7 @@ class ClusterWorkersWorkflow:
                 HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
             )
         except ActivityError as err:
-            if isinstance(err.cause, CancelledError) and self._decommissioning:
+            if self._decommissioning and workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value):
                 return  # stopped by the decommission (`_refresh`)
             # Refused for good: the hosts keep their groups; the next command or report tries again.
             workflow.logger.warning("ClusterOrder %s not read again: %s", order.key, err.cause or err)

@@ -955,6 +955,7 @@ async def test_a_late_report_of_an_earlier_order_of_the_same_name_is_not_taken(s
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     assert await stack.audit_violations() == []
+    await replay_clean(await stack.histories(order))
 
 
 async def test_a_worker_cancelled_from_outside_is_replaced_while_it_still_leaves(stack: Stack) -> None:
@@ -1327,6 +1328,7 @@ async def test_an_order_cancelled_while_a_hub_call_of_it_is_retried_ends_cancell
         assert await stack.bmis(order) == []
     finally:
         await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+    await replay_clean(await stack.histories(order))
 
 
 async def test_an_order_the_hub_will_not_show_waits_and_its_decommission_still_ends_it(stack: Stack) -> None:

@@ -1,6 +1,7 @@
 """A scale-down whose cancel reaches the install wait just as that wait ends another way: after it
 delivered the worker's Ready report, or as it fails. The order must show what the worker does next
-(Unbinding), never a Ready it is leaving nor a failure of a worker the tenant asked to remove."""
+(Unbinding), never a Ready it is leaving nor a failure of a worker the tenant asked to remove. And
+a cancel of the order's own run that reaches a call of it under way, which then succeeds."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from enum import Enum
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.assisted import AssistedActivities
 from contracts.activities import HubActivity
-from contracts.hub import WORKER_LABEL, AgentInstalled, WaitAgentInstalledInput
+from contracts.hub import WORKER_LABEL, AgentInstalled, EnsureInfraEnvResult, WaitAgentInstalledInput
 from contracts.refs import OrderRef
 from contracts.worker import FailureReason, WorkerPhase, WorkerStatus
-from contracts.workflows import worker_workflow_id
-from tests.workflows.stack import Stack, eventually, fast_policy, running_stack
+from contracts.workflows import cluster_workflow_id, worker_workflow_id
+from tests.workflows.stack import Stack, eventually, fast_policy, replay_clean, running_stack
 from worker.main import build_workers, open_backends
 
 
@@ -37,6 +39,17 @@ class Race(Enum):
 class RacingInstallWait(AssistedActivities):
     race = Race.NONE
     holding = asyncio.Event()
+    # Set: the InfraEnv's ensure waits for it (once `ensure_holding` says so), then does its work.
+    ensure_held: asyncio.Event | None = None
+    ensure_holding = asyncio.Event()
+
+    @activity.defn(name=HubActivity.ENSURE_INFRAENV.value)
+    async def ensure_infraenv(self, order: OrderRef) -> EnsureInfraEnvResult:
+        held = type(self).ensure_held
+        if held is not None:
+            type(self).ensure_holding.set()
+            await held.wait()
+        return await super().ensure_infraenv(order)
 
     @activity.defn(name=HubActivity.WAIT_AGENT_INSTALLED.value)
     async def wait_agent_installed(self, input: WaitAgentInstalledInput) -> AgentInstalled:
@@ -163,3 +176,36 @@ async def test_a_step_failing_as_the_scale_down_cancels_it_is_not_shown_as_a_fai
     hub_events = await eventually(with_deleted_event, "the worker's WorkerDeleted Event")
     assert not [e for e in hub_events if e.get("reason") == "WorkerFailed"], hub_events
     await stack.decommission_and_wait(order)
+
+
+async def test_an_order_cancelled_while_a_call_of_it_is_under_way_ends_cancelled(stack: Stack) -> None:
+    """An operator cancels the order's run while its InfraEnv's ensure is under way, and the ensure
+    then succeeds (a call waits for its cancellation to complete, and this one ends with its own
+    result). The run ends Canceled and allocates nothing. Before, the SDK took the cancel as
+    delivered with the call's result: the run went on preparing and allocated the worker's host."""
+    release = asyncio.Event()
+    RacingInstallWait.ensure_held = release
+    RacingInstallWait.ensure_holding.clear()
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        await asyncio.wait_for(RacingInstallWait.ensure_holding.wait(), 120)
+        order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
+        await order_run.cancel()
+
+        async def call_cancelled() -> bool:
+            events = (await order_run.fetch_history()).events
+            return any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED for e in events)
+
+        await eventually(call_cancelled, "the ensure's cancellation requested")
+    finally:
+        RacingInstallWait.ensure_held = None
+        release.set()
+
+    async def ended() -> WorkflowExecutionStatus | None:
+        status = (await order_run.describe()).status
+        return status if status != WorkflowExecutionStatus.RUNNING else None
+
+    assert await eventually(ended, "the order's run ended") == WorkflowExecutionStatus.CANCELED
+    assert await stack.bmis(order) == []
+    await replay_clean(await stack.histories(order))
