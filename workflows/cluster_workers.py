@@ -818,8 +818,8 @@ class ClusterWorkersWorkflow:
     def _cancel_requested(self) -> bool:
         """This workflow was cancelled (an operator's cancel in the Web UI). A call under way when
         it came ends with its own result (calls wait for their cancellation to complete), and the
-        SDK takes the cancel as delivered: without this look, a loop that goes on after a failed
-        call, or a pass after a call that succeeded, would keep the run going for good."""
+        SDK takes the cancel as delivered: without this look (before every call, every recheck and
+        pass, and a continue-as-new), the run would go on after it, for good."""
         return workflow.cancellation_reason() is not None and workflow.patched(
             ClusterPatch.CANCELLED_CALLS_NOT_REFUSALS.value
         )
@@ -1815,6 +1815,8 @@ class ClusterWorkersWorkflow:
         publisher.cancel()
 
     async def _continue_as_new(self, publisher: asyncio.Future[None]) -> None:
+        if self._cancel_requested():  # the next run would not know of it
+            raise asyncio.CancelledError()
         # A hub refusing the status writes (an outage, a role a rollout forgot) must not hold the
         # continue-as-new: the run would take no command until the server's history limit ended it.
         # The new run writes the status at its start, with the events carried over.
@@ -1873,6 +1875,8 @@ class ClusterWorkersWorkflow:
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
         """A BMaaS call, retried until answered; one that keeps failing shows the order's condition."""
+        if self._cancel_requested():  # this workflow's cancel, taken in by a call that ended
+            raise asyncio.CancelledError()
         self._bmaas_calls += 1
         call = self._bmaas_calls
 
@@ -1932,6 +1936,8 @@ class ClusterWorkersWorkflow:
         wait: bool = False,
         local: bool = False,
     ) -> T:
+        if self._cancel_requested():  # this workflow's cancel, taken in by a call that ended
+            raise asyncio.CancelledError()
         return await call_activity(
             name.value, arg, result_type, policy=self._input.policy, summary=summary, wait=wait, local=local
         )

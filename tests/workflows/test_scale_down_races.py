@@ -207,5 +207,8 @@ async def test_an_order_cancelled_while_a_call_of_it_is_under_way_ends_cancelled
         return status if status != WorkflowExecutionStatus.RUNNING else None
 
     assert await eventually(ended, "the order's run ended") == WorkflowExecutionStatus.CANCELED
+    kinds = [e.event_type for e in (await order_run.fetch_history()).events]
+    cancelled_at = kinds.index(EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED)
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[cancelled_at:], "a call after the cancel"
     assert await stack.bmis(order) == []
     await replay_clean(await stack.histories(order))
