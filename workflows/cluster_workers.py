@@ -228,9 +228,10 @@ class ClusterPatch(StrEnum):
     # workers (its run cancelled from outside, which it takes as a scale-down): the failed
     # `scale_down` signal is left at that. Before, it failed this workflow.
     ENDED_VICTIMS_LEFT_ALONE = "ended-victims-left-alone"
-    # A command's refresh of the InfraEnv and of the order's facts (retried until the hub answers:
-    # for good while the InfraEnv is stuck deleting) is stopped by a decommission. Before, the
-    # decommission, accepted, waited behind it.
+    # The InfraEnv's refresh (after a command, or a worker finding it missing; retried until the
+    # hub answers: for good while the InfraEnv is stuck deleting) and the order's read after a
+    # command are stopped by a decommission, and say nothing once stopped. Before, the
+    # decommission, accepted, waited behind them.
     DECOMMISSION_STOPS_REFRESHES = "decommission-stops-refreshes"
     # A report carrying another ClusterOrder's uid (a late copy from a worker of an earlier order
     # of the same name) is not taken.
@@ -534,8 +535,6 @@ class ClusterWorkersWorkflow:
             self._preparing = True
             await self._prepare()
             self._preparing = False
-            if self._cancel_requested():
-                raise asyncio.CancelledError()
             if (
                 self._facts_outdated()
                 and not self._decommissioning
@@ -544,8 +543,7 @@ class ClusterWorkersWorkflow:
                 await self._refresh_security_groups()
 
         while True:
-            if self._cancel_requested():
-                raise asyncio.CancelledError()
+            self._end_if_cancelled()
             self._changed = False
             await self._reconcile()
             if self._decommissioning and all(s.deleted for s in self._slots.values()):
@@ -794,8 +792,7 @@ class ClusterWorkersWorkflow:
         """A prerequisite's request refused for good: the tenant sees `message`, ops the error. A
         call cancelled is no refusal: this workflow's cancellation stays one (the run ends Canceled,
         as it does when cancelled during a wait), whatever the call ended with."""
-        if self._cancel_requested():
-            raise asyncio.CancelledError()
+        self._end_if_cancelled()
         workflow.logger.warning("%s: request refused: %s", kind.value, err.cause or err)
         self._set_condition(kind, status, REQUEST_REFUSED, message)
 
@@ -815,20 +812,20 @@ class ClusterWorkersWorkflow:
             self._cluster_release = found.release_image
         return self._cluster_release
 
-    def _cancel_requested(self) -> bool:
-        """This workflow was cancelled (an operator's cancel in the Web UI). A call under way when
-        it came ends with its own result (calls wait for their cancellation to complete), and the
-        SDK takes the cancel as delivered: without this look (before every call, every recheck and
-        pass, and a continue-as-new), the run would go on after it, for good."""
-        return workflow.cancellation_reason() is not None and workflow.patched(
+    def _end_if_cancelled(self) -> None:
+        """End the run Canceled if this workflow was cancelled (an operator's cancel in the Web UI).
+        A call under way when it came ends with its own result (calls wait for their cancellation
+        to complete), and the SDK takes the cancel as delivered: without this look (before every
+        call, every recheck and pass, and a continue-as-new), the run would go on after it."""
+        if workflow.cancellation_reason() is not None and workflow.patched(
             ClusterPatch.CANCELLED_CALLS_NOT_REFUSALS.value
-        )
+        ):
+            raise asyncio.CancelledError()
 
     async def _recheck_later(self) -> None:
         """Sit out a missing prerequisite until a command arrives or the recheck interval passes.
         Each recheck adds to the history: a wait of days continues as new from here."""
-        if self._cancel_requested():
-            raise asyncio.CancelledError()
+        self._end_if_cancelled()
         self._changed = False
         try:
             await workflow.wait_condition(
@@ -859,6 +856,7 @@ class ClusterWorkersWorkflow:
                 await task
             except (asyncio.CancelledError, ActivityError):
                 pass
+            self._end_if_cancelled()  # one that came while the stopped call ended
             return None
         return await task
 
@@ -903,23 +901,16 @@ class ClusterWorkersWorkflow:
         Secret is stuck deleting behind a finalizer. A decommission does not wait for it."""
         if not workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value):
             await refresh
-            return
-        if self._decommissioning:  # arrived during the refresh before
+        elif self._decommissioning:  # arrived during the refresh before
             refresh.close()
-            return
-        task = asyncio.ensure_future(refresh)
-        try:
-            await workflow.wait_condition(lambda: task.done() or self._decommissioning)
-        except asyncio.CancelledError:  # this workflow is cancelled: its hub call with it
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ActivityError):
-                await task
-            raise
-        if not task.done():
-            workflow.logger.info("order %s decommissioned: its refresh is stopped", self._input.order.key)
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ActivityError):
-            await task
+        else:
+            await self._until_decommissioned(refresh)
+
+    def _refresh_stopped(self) -> bool:
+        """A refresh's call ended because a decommission or this workflow's cancel stopped it:
+        whatever it ended with, there is nothing to say or show."""
+        stopped = self._decommissioning or workflow.cancellation_reason() is not None
+        return stopped and workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value)
 
     async def _refresh_infraenv(self) -> None:
         """The order may have changed more than its counts (a rotated pull secret, a new SSH key):
@@ -936,8 +927,8 @@ class ClusterWorkersWorkflow:
                 summary=f"Bring InfraEnv {order.infraenv_name} in line with the order",
             )
         except ActivityError as err:
-            if self._decommissioning and workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value):
-                return  # stopped by the decommission (`_refresh`): nothing to say or show
+            if self._refresh_stopped():
+                return
             workflow.logger.warning("InfraEnv %s left as it is: %s", order.infraenv_name, err.cause or err)
             workflow.set_current_details(f"InfraEnv {order.infraenv_name} left as it is: {err.cause or err}")
             gone = ", and the InfraEnv's pull Secret is gone: no new host boots until that is corrected."
@@ -1005,8 +996,8 @@ class ClusterWorkersWorkflow:
                 HubActivity.READ_ORDER, order, OrderFacts, summary=f"Read ClusterOrder {order.key}"
             )
         except ActivityError as err:
-            if self._decommissioning and workflow.patched(ClusterPatch.DECOMMISSION_STOPS_REFRESHES.value):
-                return  # stopped by the decommission (`_refresh`)
+            if self._refresh_stopped():
+                return
             # Refused for good: the hosts keep their groups; the next command or report tries again.
             workflow.logger.warning("ClusterOrder %s not read again: %s", order.key, err.cause or err)
             workflow.set_current_details(f"ClusterOrder {order.key} not read again: {err.cause or err}")
@@ -1815,8 +1806,7 @@ class ClusterWorkersWorkflow:
         publisher.cancel()
 
     async def _continue_as_new(self, publisher: asyncio.Future[None]) -> None:
-        if self._cancel_requested():  # the next run would not know of it
-            raise asyncio.CancelledError()
+        self._end_if_cancelled()  # the next run would not know of it
         # A hub refusing the status writes (an outage, a role a rollout forgot) must not hold the
         # continue-as-new: the run would take no command until the server's history limit ended it.
         # The new run writes the status at its start, with the events carried over.
@@ -1875,8 +1865,7 @@ class ClusterWorkersWorkflow:
 
     async def _bmaas(self, name: BmaasActivity, arg: Any, result_type: type[T] | None, *, summary: str) -> T:
         """A BMaaS call, retried until answered; one that keeps failing shows the order's condition."""
-        if self._cancel_requested():  # this workflow's cancel, taken in by a call that ended
-            raise asyncio.CancelledError()
+        self._end_if_cancelled()  # this workflow's cancel, taken in by a call that ended
         self._bmaas_calls += 1
         call = self._bmaas_calls
 
@@ -1936,8 +1925,7 @@ class ClusterWorkersWorkflow:
         wait: bool = False,
         local: bool = False,
     ) -> T:
-        if self._cancel_requested():  # this workflow's cancel, taken in by a call that ended
-            raise asyncio.CancelledError()
+        self._end_if_cancelled()  # this workflow's cancel, taken in by a call that ended
         return await call_activity(
             name.value, arg, result_type, policy=self._input.policy, summary=summary, wait=wait, local=local
         )

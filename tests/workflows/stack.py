@@ -32,7 +32,7 @@ from temporalio.worker import Interceptor, Replayer
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
 from contracts.worker import TimingPolicy, WorkerPhase, WorkerStatus
-from contracts.workflows import NodeSetRequest, worker_workflow_id
+from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
 from lab import admin as lab_admin
 from lab.fulfillment.testing import RunningFulfillmentTwin, start_fulfillment_twin
 from lab.fulfillment.timings import Timings
@@ -288,6 +288,17 @@ class Stack:
             return worker if worker and worker.phase == phase else None
 
         found: WorkerStatus = await eventually(in_phase, f"{name} {phase.value}")
+        return found
+
+    async def order_run_ended(self, order: OrderRef) -> WorkflowExecutionStatus:
+        """Wait until the order's workflow run has ended; how it ended."""
+        handle = self.client.get_workflow_handle(cluster_workflow_id(order))
+
+        async def ended() -> WorkflowExecutionStatus | None:
+            status = (await handle.describe()).status
+            return status if status != WorkflowExecutionStatus.RUNNING else None
+
+        found: WorkflowExecutionStatus = await eventually(ended, f"the run of {order.key} ended")
         return found
 
     async def terminate_worker(self, order: OrderRef, name: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.testing import WorkflowEnvironment
@@ -50,6 +50,10 @@ from tests.workflows.stack import (
 )
 from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
 from workflows.worker_node import registrations_cutoff
+
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+# A finalizer nobody removes but the test: holds an object deleting.
+HELD_BY_TEST = "tests.osac.openshift.io/held"
 
 
 @pytest.fixture(scope="module")
@@ -871,8 +875,8 @@ async def test_a_victim_whose_release_ends_while_its_pass_starts_others_does_not
     """One command lowers one node set and raises the other. The pass that chooses the first's
     worker as its victim starts the other's new worker; meanwhile the victim's run is cancelled from
     outside and releases its host (the interceptor cancels it at that start and holds the start until
-    the release is reported). The pass's `scale_down` then finds the victim's run closed: the order
-    goes on (before, the failed signal failed the order's workflow)."""
+    the release is reported and the run has closed). The pass's `scale_down` then finds the
+    victim's run closed: the order goes on (before, the failed signal failed the order's workflow)."""
     racing = [CancelVictimWhileStarting()]
     async with running_stack(temporal_env.client, tmp_path, worker_interceptors=racing) as raced:
         order = await raced.create_order({"bm-gpu": 1, "bm-standard": 1})
@@ -1184,13 +1188,12 @@ async def test_an_order_whose_namespace_is_deleted_is_decommissioned_to_the_end(
     await stack.wait_ready(order, 1)
     path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
     finalizer = {"metadata": {"finalizers": ["osac.openshift.io/baremetal-workers"]}}
-    merge = {"Content-Type": "application/merge-patch+json"}
-    (await stack.hub_http.patch(path, json=finalizer, headers=merge)).raise_for_status()
+    (await stack.hub_http.patch(path, json=finalizer, headers=MERGE_PATCH)).raise_for_status()
     (await stack.hub_http.delete(f"/api/v1/namespaces/{order.namespace}")).raise_for_status()
     await stack.decommission_and_wait(order, timeout=120)  # waits on the workflow's own end
     assert await stack.bmis(order) == []
     (
-        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE_PATCH)
     ).raise_for_status()
 
 
@@ -1205,9 +1208,8 @@ async def test_an_infraenv_the_hub_refuses_waits_and_the_orders_deletion_still_e
 
     await eventually(provisioned, "the hosted cluster provisioned")
     path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
-    merge = {"Content-Type": "application/merge-patch+json"}
     finalizer = {"metadata": {"finalizers": ["osac.openshift.io/baremetal-workers"]}}
-    (await stack.hub_http.patch(path, json=finalizer, headers=merge)).raise_for_status()
+    (await stack.hub_http.patch(path, json=finalizer, headers=MERGE_PATCH)).raise_for_status()
     (await stack.hub_http.delete(f"/api/v1/namespaces/{order.namespace}")).raise_for_status()
     await stack.apply(order, {"bm-standard": 1})
 
@@ -1220,7 +1222,7 @@ async def test_an_infraenv_the_hub_refuses_waits_and_the_orders_deletion_still_e
     await stack.decommission_and_wait(order, timeout=120)
     assert await stack.bmis(order) == []
     (
-        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE_PATCH)
     ).raise_for_status()
 
 
@@ -1254,6 +1256,20 @@ async def test_an_infraenv_deleted_behind_our_back_is_created_again_for_the_next
     assert await stack.bmis(order) == []
 
 
+async def _infraenv_ensure_retried(stack: Stack, order: OrderRef) -> WorkflowHandle[Any, Any]:
+    """Wait until the order's workflow retries its InfraEnv's ensure (the InfraEnv held deleting);
+    the workflow's handle."""
+    order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
+
+    async def retried() -> bool:
+        pending = (await order_run.describe()).raw_description.pending_activities
+        ensure = HubActivity.ENSURE_INFRAENV.value
+        return any(a.activity_type.name == ensure and a.attempt >= 2 for a in pending)
+
+    await eventually(retried, "the InfraEnv's ensure retried while it is being deleted")
+    return order_run
+
+
 async def test_a_decommission_does_not_wait_for_an_infraenv_stuck_deleting(stack: Stack) -> None:
     """The order's InfraEnv is stuck deleting (a finalizer nobody removes) when a command comes: the
     command's refresh of the InfraEnv is retried as long as it stays so. A decommission stops that
@@ -1263,21 +1279,12 @@ async def test_a_decommission_does_not_wait_for_an_infraenv_stuck_deleting(stack
     await stack.apply(order, {"bm-standard": 1})
     await stack.wait_ready(order, 1)
     path = f"{AGENT_API}/namespaces/{order.namespace}/infraenvs/{InfraEnvRef.for_order(order).name}"
-    merge = {"Content-Type": "application/merge-patch+json"}
-    held = {"metadata": {"finalizers": ["tests.osac.openshift.io/held"]}}
-    (await stack.hub_http.patch(path, json=held, headers=merge)).raise_for_status()
+    held = {"metadata": {"finalizers": [HELD_BY_TEST]}}
+    (await stack.hub_http.patch(path, json=held, headers=MERGE_PATCH)).raise_for_status()
     (await stack.hub_http.delete(path)).raise_for_status()
     try:
         await stack.apply(order, {"bm-standard": 1})  # a command: the order is read and refreshed
-        order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
-
-        async def refresh_retried() -> bool:
-            pending = (await order_run.describe()).raw_description.pending_activities
-            return any(
-                a.activity_type.name == HubActivity.ENSURE_INFRAENV.value and a.attempt >= 2 for a in pending
-            )
-
-        await eventually(refresh_retried, "the InfraEnv's refresh retried while it is being deleted")
+        await _infraenv_ensure_retried(stack, order)
         await stack.api.decommission(order)
 
         async def released() -> bool:
@@ -1286,7 +1293,7 @@ async def test_a_decommission_does_not_wait_for_an_infraenv_stuck_deleting(stack
         await eventually(released, "the worker released while the InfraEnv is still deleting", timeout=120)
         assert (await stack.hub_http.get(path)).status_code == 200
     finally:
-        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE_PATCH)
     await asyncio.wait_for(stack.api.wait_finished(order), 180)
     assert await stack.infraenvs(order.namespace) == []
     assert await stack.audit_violations() == []
@@ -1302,32 +1309,19 @@ async def test_an_order_cancelled_while_a_hub_call_of_it_is_retried_ends_cancell
     order = await stack.create_order({"bm-standard": 1})
     infraenvs = f"{AGENT_API}/namespaces/{order.namespace}/infraenvs"
     earlier = sample_infraenv(order.infraenv_name)
-    earlier["metadata"]["finalizers"] = ["tests.osac.openshift.io/held"]
+    earlier["metadata"]["finalizers"] = [HELD_BY_TEST]
     (await stack.hub_http.post(infraenvs, json=earlier)).raise_for_status()
     path = f"{infraenvs}/{order.infraenv_name}"
     (await stack.hub_http.delete(path)).raise_for_status()
-    merge = {"Content-Type": "application/merge-patch+json"}
     try:
         await stack.apply(order, {"bm-standard": 1})
-        order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
-
-        async def ensure_retried() -> bool:
-            pending = (await order_run.describe()).raw_description.pending_activities
-            return any(
-                a.activity_type.name == HubActivity.ENSURE_INFRAENV.value and a.attempt >= 2 for a in pending
-            )
-
-        await eventually(ensure_retried, "the InfraEnv's ensure retried while it is being deleted")
+        order_run = await _infraenv_ensure_retried(stack, order)
         await order_run.cancel()
 
-        async def ended() -> WorkflowExecutionStatus | None:
-            status = (await order_run.describe()).status
-            return status if status != WorkflowExecutionStatus.RUNNING else None
-
-        assert await eventually(ended, "the order's run ended") == WorkflowExecutionStatus.CANCELED
+        assert await stack.order_run_ended(order) == WorkflowExecutionStatus.CANCELED
         assert await stack.bmis(order) == []
     finally:
-        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+        await stack.hub_http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE_PATCH)
     await replay_clean(await stack.histories(order))
 
 
@@ -1430,13 +1424,12 @@ async def test_an_infraenv_created_again_waits_for_its_image_without_holding_the
     before = {w.name: w.resource_id for w in (await stack.wait_ready(order, 2)).workers}
     broken, named = order.worker_name(0), order.worker_name(1)
     path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
-    merge = {"Content-Type": "application/merge-patch+json"}
     bad = {"spec": {"pullSecret": "not-a-docker-config"}}
-    (await stack.hub_http.patch(path, json=bad, headers=merge)).raise_for_status()
+    (await stack.hub_http.patch(path, json=bad, headers=MERGE_PATCH)).raise_for_status()
     ref = InfraEnvRef.for_order(order)
     unusable = {"data": {PULL_SECRET_KEY: base64.b64encode(b"not-a-docker-config").decode()}}
     secret = f"/api/v1/namespaces/{ref.namespace}/secrets/{ref.pull_secret_name}"
-    (await stack.hub_http.patch(secret, json=unusable, headers=merge)).raise_for_status()
+    (await stack.hub_http.patch(secret, json=unusable, headers=MERGE_PATCH)).raise_for_status()
     name = ref.name
     (
         await stack.hub_http.delete(f"{AGENT_API}/namespaces/{order.namespace}/infraenvs/{name}")
@@ -1457,7 +1450,7 @@ async def test_an_infraenv_created_again_waits_for_its_image_without_holding_the
 
     await eventually(named_gone, "the named worker gone while the image is awaited", timeout=120)
     fixed = {"spec": {"pullSecret": PULL_SECRET}}
-    (await stack.hub_http.patch(path, json=fixed, headers=merge)).raise_for_status()
+    (await stack.hub_http.patch(path, json=fixed, headers=MERGE_PATCH)).raise_for_status()
     await stack.apply(order, {"bm-standard": 1}, api)  # the controller's command for the new generation
 
     async def back() -> bool:

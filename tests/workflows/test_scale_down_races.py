@@ -202,11 +202,7 @@ async def test_an_order_cancelled_while_a_call_of_it_is_under_way_ends_cancelled
         RacingInstallWait.ensure_held = None
         release.set()
 
-    async def ended() -> WorkflowExecutionStatus | None:
-        status = (await order_run.describe()).status
-        return status if status != WorkflowExecutionStatus.RUNNING else None
-
-    assert await eventually(ended, "the order's run ended") == WorkflowExecutionStatus.CANCELED
+    assert await stack.order_run_ended(order) == WorkflowExecutionStatus.CANCELED
     kinds = [e.event_type for e in (await order_run.fetch_history()).events]
     cancelled_at = kinds.index(EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED)
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds[cancelled_at:], "a call after the cancel"
