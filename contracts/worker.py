@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 
@@ -125,6 +134,32 @@ class WorkerReports(BaseModel):
     """Signal `worker_reports`: the reports a worker process delivered to one cluster workflow at once."""
 
     reports: list[WorkerReport] = Field(min_length=1)
+    _unreadable: int = PrivateAttr(default=0)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _readable_reports_only(
+        cls, data: Any, handler: ModelWrapValidatorHandler[WorkerReports]
+    ) -> WorkerReports:
+        """A report this code cannot read (a newer worker's, during a rolling deploy: a failure
+        reason added since) is left out alone. Whole, the batch was dropped as undecodable, and the
+        other workers' reports in it (a `deleted` among them) with it."""
+        if not isinstance(data, dict) or not isinstance(data.get("reports"), list):
+            return handler(data)
+        readable: list[WorkerReport] = []
+        for item in data["reports"]:
+            try:
+                readable.append(WorkerReport.model_validate(item))
+            except ValidationError:
+                continue
+        batch = handler({**data, "reports": readable})
+        batch._unreadable = len(data["reports"]) - len(readable)
+        return batch
+
+    @property
+    def unreadable(self) -> int:
+        """How many reports of the batch as sent were left out."""
+        return self._unreadable
 
 
 class ReportDelivery(BaseModel):

@@ -453,6 +453,8 @@ class ClusterWorkersWorkflow:
     @workflow.signal
     def worker_reports(self, batch: WorkerReports) -> None:
         """From the worker process's activities, which start or end their workers' phases."""
+        if batch.unreadable:
+            workflow.logger.warning("%d report(s) of a newer worker version not read", batch.unreadable)
         if any([self._take_report(report) for report in batch.reports]):
             self._touch()
 

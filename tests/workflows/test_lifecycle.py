@@ -962,6 +962,32 @@ async def test_a_late_report_of_an_earlier_order_of_the_same_name_is_not_taken(s
     await replay_clean(await stack.histories(order))
 
 
+async def test_a_report_this_code_cannot_read_is_left_out_alone_not_its_batch(stack: Stack) -> None:
+    """During a rolling deploy a newer worker process can deliver a report this code cannot read (a
+    failure reason added since) in one `worker_reports` signal with reports it can. Only that one is
+    left out. Before, the whole batch was dropped as undecodable, with the other workers' reports in
+    it (a `deleted` among them left its slot waiting for the next look)."""
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1})
+    (worker,) = (await stack.wait_ready(order, 1)).workers
+    failed = worker.model_copy(
+        update={"phase": WorkerPhase.FAILED, "last_failure_reason": FailureReason.AGENT_INSTALL_FAILED}
+    )
+    readable = WorkerReport(status=failed).model_dump(mode="json", by_alias=True)  # unnumbered: taken
+    newer = {**readable, "status": {**readable["status"], "lastFailureReason": "AReasonAddedLater"}}
+    order_run = stack.client.get_workflow_handle(cluster_workflow_id(order))
+    await order_run.signal("worker_reports", {"reports": [newer, readable]})
+    await stack.apply(order, {"bm-standard": 1})  # answered once the signal before it is taken
+    (shown,) = (await stack.api.status(order)).workers
+    assert (shown.phase, shown.last_failure_reason) == (
+        WorkerPhase.FAILED,
+        FailureReason.AGENT_INSTALL_FAILED,
+    )
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []
+    await replay_clean(await stack.histories(order))
+
+
 async def test_a_worker_cancelled_from_outside_is_replaced_while_it_still_leaves(stack: Stack) -> None:
     """An operator cancels a Ready worker's workflow in the Web UI and its drain hangs, so its
     release waits. The order starts its replacement at once, as for a scale-down's leaver, instead
