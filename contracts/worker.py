@@ -144,8 +144,11 @@ class WorkerReports(BaseModel):
         """A report this code cannot read (a newer worker's, during a rolling deploy: a failure
         reason added since) is left out alone. Whole, the batch was dropped as undecodable, and the
         other workers' reports in it (a `deleted` among them) with it."""
-        if not isinstance(data, dict) or not isinstance(data.get("reports"), list):
-            return handler(data)
+        try:
+            return handler(data)  # every report readable: the batch as sent, checked once
+        except ValidationError:
+            if not isinstance(data, dict) or not isinstance(data.get("reports"), list):
+                raise
         readable: list[WorkerReport] = []
         for item in data["reports"]:
             try:

@@ -94,9 +94,7 @@ class ScaleDownGuard(BaseModel):
     max_fraction: float = Field(default=0.5, ge=0, le=1)
     max_workers: int = Field(default=2, ge=0)
 
-    def refusal(
-        self, current: int, requested: int, removed: int, field: str = "node_sets[].count"
-    ) -> str | None:
+    def refusal(self, current: int, requested: int, removed: int, field: str) -> str | None:
         """Why going from `current` to `requested` workers, `removed` of them leaving (more than
         `current - requested` when node sets are swapped), needs confirming, or None."""
         if removed <= self.max_workers or removed <= current * self.max_fraction:

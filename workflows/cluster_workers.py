@@ -1208,13 +1208,17 @@ class ClusterWorkersWorkflow:
         """The NodePools not seen yet of the node sets that want more workers than they have."""
         if self._cluster is None or self._facts is None or self._decommissioning:
             return set()
-        active: Counter[str] = Counter(s.spec.node_set for s in self._slots.values() if _active(s))
-        return {
-            pool
-            for name, node_set in self._node_sets.items()
-            if node_set.count > active[name]
-            and (pool := self._nodepool_of(name)) not in self._nodepools_found
+        # Checked at every activation (a wait condition): once every NodePool was found, no slots
+        # are counted.
+        unseen = {
+            name: pool
+            for name in self._node_sets
+            if (pool := self._nodepool_of(name)) not in self._nodepools_found
         }
+        if not unseen:
+            return set()
+        active: Counter[str] = Counter(s.spec.node_set for s in self._slots.values() if _active(s))
+        return {pool for name, pool in unseen.items() if self._node_sets[name].count > active[name]}
 
     async def _find_nodepools(self) -> None:
         """NODEPOOLS_FOUND_BEFORE_HOSTS: the cluster-provisioning flow makes a NodePool per node set

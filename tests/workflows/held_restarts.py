@@ -35,15 +35,30 @@ class _HoldingOutbound(WorkflowOutboundInterceptor):
         return await super().start_child_workflow(input)
 
 
-class _HoldingInbound(WorkflowInboundInterceptor):
+class OutboundInstalled(WorkflowInboundInterceptor):
+    """Puts `outbound` around the workflow's calls out (child starts, signals, timers)."""
+
+    outbound: type[WorkflowOutboundInterceptor]
+
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-        super().init(_HoldingOutbound(outbound))
+        super().init(self.outbound(outbound))
 
 
-class HoldRestartsUntilContinueAsNew(client.Interceptor, Interceptor):
-    """On the worker's client: workers take the client's interceptors that are worker interceptors."""
+class WorkflowInterceptorOnClient(client.Interceptor, Interceptor):
+    """On the worker's client (workers take the client's interceptors that are worker
+    interceptors): installs `inbound` in every workflow."""
+
+    inbound: type[WorkflowInboundInterceptor]
 
     def workflow_interceptor_class(
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor] | None:
-        return _HoldingInbound
+        return self.inbound
+
+
+class _HoldingInbound(OutboundInstalled):
+    outbound = _HoldingOutbound
+
+
+class HoldRestartsUntilContinueAsNew(WorkflowInterceptorOnClient):
+    inbound = _HoldingInbound

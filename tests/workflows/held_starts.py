@@ -9,15 +9,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from temporalio import client, workflow
+from temporalio import workflow
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import (
-    Interceptor,
-    StartChildWorkflowInput,
-    WorkflowInboundInterceptor,
-    WorkflowInterceptorClassInput,
-    WorkflowOutboundInterceptor,
-)
+from temporalio.worker import StartChildWorkflowInput, WorkflowOutboundInterceptor
+
+from tests.workflows.held_restarts import OutboundInstalled, WorkflowInterceptorOnClient
 
 HELD_SUFFIX = "-worker-2"
 VICTIM_SUFFIX = "-worker-0"
@@ -45,15 +41,9 @@ class _RacingOutbound(WorkflowOutboundInterceptor):
         return await super().start_child_workflow(input)
 
 
-class _RacingInbound(WorkflowInboundInterceptor):
-    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-        super().init(_RacingOutbound(outbound))
+class _RacingInbound(OutboundInstalled):
+    outbound = _RacingOutbound
 
 
-class CancelVictimWhileStarting(client.Interceptor, Interceptor):
-    """On the worker's client: workers take the client's interceptors that are worker interceptors."""
-
-    def workflow_interceptor_class(
-        self, input: WorkflowInterceptorClassInput
-    ) -> type[WorkflowInboundInterceptor] | None:
-        return _RacingInbound
+class CancelVictimWhileStarting(WorkflowInterceptorOnClient):
+    inbound = _RacingInbound

@@ -31,7 +31,7 @@ from temporalio.worker import Interceptor, Replayer
 
 from contracts.hub import PULL_SECRET_KEY, InfraEnvRef
 from contracts.refs import OrderRef
-from contracts.worker import TimingPolicy, WorkerPhase, WorkerStatus
+from contracts.worker import TimingPolicy, WorkerPhase, WorkerReport, WorkerReports, WorkerStatus
 from contracts.workflows import NodeSetRequest, cluster_workflow_id, worker_workflow_id
 from lab import admin as lab_admin
 from lab.fulfillment.testing import RunningFulfillmentTwin, start_fulfillment_twin
@@ -102,6 +102,25 @@ async def eventually(
                 return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def signal_payloads(history: WorkflowHistory, name: str) -> list[bytes]:
+    """The JSON of each `name` signal the run received, in order."""
+    return [
+        e.workflow_execution_signaled_event_attributes.input.payloads[0].data
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == name
+    ]
+
+
+def delivered_reports(history: WorkflowHistory) -> list[WorkerReport]:
+    """The reports the worker processes delivered to an order's workflow run, in order."""
+    return [
+        report
+        for payload in signal_payloads(history, "worker_reports")
+        for report in WorkerReports.model_validate_json(payload).reports
+    ]
 
 
 def scheduled_activities(events: Sequence[HistoryEvent]) -> list[str]:

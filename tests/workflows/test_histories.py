@@ -19,17 +19,19 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from contracts.activities import BmaasActivity, HubActivity
-from contracts.worker import WorkerPhase, WorkerReport, WorkerReports
+from contracts.worker import WorkerPhase, WorkerReport
 from contracts.workflows import cluster_workflow_id
 from tests.workflows.changed_workflow import ReorderedWorkerNodeWorkflow
 from tests.workflows.stack import (
     PULL_SECRET,
     Stack,
+    delivered_reports,
     eventually,
     patches_recorded,
     replay_clean,
     running_stack,
     scheduled_activities,
+    signal_payloads,
 )
 from workflows.cluster_workers import ClusterPatch
 from workflows.worker_node import WorkerPatch
@@ -128,15 +130,6 @@ async def test_workers_wait_for_their_agent_and_hand_it_over_in_one_activity(
         assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
 
 
-def _signals(history: WorkflowHistory, name: str) -> list[bytes]:
-    return [
-        e.workflow_execution_signaled_event_attributes.input.payloads[0].data
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        and e.workflow_execution_signaled_event_attributes.signal_name == name
-    ]
-
-
 async def test_workers_report_through_their_activities(
     lifecycle: tuple[Stack, list[WorkflowHistory], list[str]],
 ) -> None:
@@ -152,11 +145,10 @@ async def test_workers_report_through_their_activities(
         ]
         assert sent == [], history.workflow_id
     cluster = next(h for h in histories if h.workflow_id.startswith("cluster-workers/"))
-    assert _signals(cluster, "worker_report") == []
+    assert signal_payloads(cluster, "worker_report") == []
     heard: dict[str, list[WorkerReport]] = {}
-    for payload in _signals(cluster, "worker_reports"):
-        for report in WorkerReports.model_validate_json(payload).reports:
-            heard.setdefault(report.status.name, []).append(report)
+    for report in delivered_reports(cluster):
+        heard.setdefault(report.status.name, []).append(report)
     assert len(heard) == 2
     for name, reports in heard.items():
         phases = [r.status.phase for r in reports]

@@ -7,16 +7,14 @@ import asyncio
 import base64
 import gc
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.testing import WorkflowEnvironment
 
@@ -43,6 +41,7 @@ from tests.workflows.stack import (
     QUICK_RESTARTS,
     SSH_KEY,
     Stack,
+    delivered_reports,
     eventually,
     replay_clean,
     running_stack,
@@ -909,19 +908,6 @@ async def test_a_victim_whose_release_ends_while_its_pass_starts_others_does_not
         await replay_clean(await raced.histories(order), racing)
 
 
-def _delivered_reports(events: Sequence[HistoryEvent]) -> list[WorkerReport]:
-    """The reports the worker processes delivered to an order's workflow run, in order."""
-    return [
-        report
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        and e.workflow_execution_signaled_event_attributes.signal_name == "worker_reports"
-        for report in pydantic_data_converter.payload_converter.from_payloads(
-            e.workflow_execution_signaled_event_attributes.input.payloads, [WorkerReports]
-        )[0].reports
-    ]
-
-
 async def test_a_late_report_of_an_earlier_order_of_the_same_name_is_not_taken(stack: Stack) -> None:
     """The tenant deletes an order and creates it again under the same name: the new order's
     workflow has the same id, and its slots the same names. A late copy of the earlier worker's
@@ -934,7 +920,7 @@ async def test_a_late_report_of_an_earlier_order_of_the_same_name_is_not_taken(s
     await stack.decommission_and_wait(order)
     order_id = cluster_workflow_id(order)
     (earlier,) = [h for h in await stack.histories(order) if h.workflow_id == order_id]
-    last = [r for r in _delivered_reports(earlier.events) if r.deleted][-1:]
+    last = [r for r in delivered_reports(earlier) if r.deleted][-1:]
     assert [r.status.name for r in last] == [order.worker_name(0)]
     path = f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
     (await stack.hub_http.delete(path)).raise_for_status()
@@ -946,7 +932,7 @@ async def test_a_late_report_of_an_earlier_order_of_the_same_name_is_not_taken(s
     runs = [h for h in await stack.histories(order) if h.workflow_id == order_id]
     (new_run,) = [h for h in runs if h.run_id != earlier.run_id]
     # Numbered above every report of the new worker so far: a copy of a report it has would be dropped.
-    assert last[0].sequence > max(r.sequence for r in _delivered_reports(new_run.events))
+    assert last[0].sequence > max(r.sequence for r in delivered_reports(new_run))
     await stack.client.get_workflow_handle(order_id).signal(
         ClusterWorkersWorkflow.worker_reports, WorkerReports(reports=last)
     )
