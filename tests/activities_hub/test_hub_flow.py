@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -30,6 +31,7 @@ from contracts.hub import (
 )
 from contracts.refs import OrderRef
 from lab.hub_controllers.faults import AgentFaults, FaultTarget, InstallError
+from tests.workflows.stack import eventually
 
 
 def soon(seconds: float = 60) -> datetime:
@@ -98,8 +100,14 @@ async def test_worker_lifecycle_through_the_agent_provider(lab, lab_api, lab_ass
         body = lab_api.get("Agent", agent.name)
         kit.validate("Agent", body)
         assert body["spec"]["clusterDeploymentName"]["name"]  # set by the provider, not by us
-    machines = {m["spec"].get("providerID"): m for m in lab_api.items("Machine")}
-    assert set(machines) == {f"agent://{a.name}" for a in agents}
+
+    # The provider copies the providerID to the Machine once the Agent is installed, a step after
+    # the wait saw it (as CAPI does from the ready AgentMachine).
+    async def provider_ids() -> dict[str, dict[str, Any]] | None:
+        machines = {str(m["spec"].get("providerID")): m for m in lab_api.items("Machine")}
+        return machines if set(machines) == {f"agent://{a.name}" for a in agents} else None
+
+    machines = await eventually(provider_ids, "each Machine showing its Agent's providerID", timeout=60)
     # No assertion on these waits' heartbeats: a wait that ends within its first tick sends none
     # (paced, activities/heartbeats.py), and with the lab's zero timings an install can. What a
     # heartbeat of this wait carries is checked where the Agent holds still
