@@ -87,6 +87,7 @@ with workflow.unsafe.imports_passed_through():
         worker_workflow_id,
     )
     from workflows.activity_calls import CALL_RETRY, bmaas_call_through_outages, call_activity
+    from workflows.continue_as_new import ContinueAsNewDue
     from workflows.metrics import record_order_counts
     from workflows.search_attributes import OSAC_CLUSTER_ORDER, worker_start_attributes
     from workflows.worker_node import WorkerNodeWorkflow
@@ -241,6 +242,10 @@ class ClusterPatch(StrEnum):
     # the cancelled call was shown as the hub or BMaaS refusing it (RequestRefused), or taken as
     # done, and the run went on.
     CANCELLED_CALLS_NOT_REFUSALS = "cancelled-calls-not-refusals"
+    # The main loop continues as new once the server's suggestion was seen where a recorded event
+    # resumed the run (workflows.continue_as_new); before, it read the suggestion live, also in a
+    # task the SDK forced for a status write's result, which replay does not see.
+    CONTINUE_AS_NEW_ON_RECORDED_EVENTS = "continue-as-new-on-recorded-events"
 
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -283,6 +288,7 @@ class ClusterWorkersWorkflow:
         self._published_generation = 0
         self._publish_until: int | None = None  # the last write's generation (LAST_STATUS_WRITE_FIXED)
         self._finished = False
+        self._history_limit = ContinueAsNewDue()
         # A command arrived since the InfraEnv was last brought in line with the order.
         self._order_edited = carried.order_edited
         # The order's security groups are to be put on its BMIs (they changed, or a worker started
@@ -339,6 +345,7 @@ class ClusterWorkersWorkflow:
 
     @workflow.update
     async def set_node_sets(self, command: SetNodeSets) -> ClusterWorkersStatus:
+        self._history_limit.look()
         self._node_sets = {n.name: n for n in command.node_sets}
         # The order's first command comes while its facts are being read: only a later one counts.
         if self._preparing and self._facts is not None:
@@ -372,6 +379,7 @@ class ClusterWorkersWorkflow:
 
     @workflow.update
     async def decommission(self) -> ClusterWorkersStatus:
+        self._history_limit.look()
         self._decommissioning = True
         self._touch()
         return self.status()
@@ -383,6 +391,7 @@ class ClusterWorkersWorkflow:
 
     @workflow.signal
     def scale_down_worker(self, request: ScaleDownWorker) -> None:
+        self._history_limit.look()
         slot = self._slots.get(request.name)
         if slot is None or slot.deleted or slot.scale_down_sent or slot.named_for_removal:
             # Signals cannot be rejected (the update `release_worker` can). Keep it visible.
@@ -399,6 +408,7 @@ class ClusterWorkersWorkflow:
         """The scale-down of one named worker as a command that answers: refused for an unknown or
         departing worker, so of two callers naming the same worker exactly one is told it leaves
         (and lowers the order's count); the signal would have ignored the other without a word."""
+        self._history_limit.look()
         problem = self._release_problem(request.name)
         if problem is not None:
             # The updates of one workflow task are all validated before any of their handlers runs.
@@ -447,12 +457,14 @@ class ClusterWorkersWorkflow:
     @workflow.signal
     def worker_report(self, report: WorkerReport) -> None:
         """From a worker workflow itself (a failure, a wait, its end)."""
+        self._history_limit.look()
         if self._take_report(report):
             self._touch()
 
     @workflow.signal
     def worker_reports(self, batch: WorkerReports) -> None:
         """From the worker process's activities, which start or end their workers' phases."""
+        self._history_limit.look()
         if batch.unreadable:
             workflow.logger.warning("%d report(s) of a newer worker version not read", batch.unreadable)
         if any([self._take_report(report) for report in batch.reports]):
@@ -524,6 +536,7 @@ class ClusterWorkersWorkflow:
     async def run(self, inp: ClusterWorkersInput) -> ClusterWorkersStatus:
         order = inp.order
         workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
+        self._history_limit.decide(workflow.patched(ClusterPatch.CONTINUE_AS_NEW_ON_RECORDED_EVENTS.value))
         publisher = self._publisher = asyncio.ensure_future(self._publish_loop())
         host_check = asyncio.ensure_future(self._check_ready_hosts())
         security_groups = asyncio.ensure_future(self._keep_security_groups())
@@ -550,10 +563,8 @@ class ClusterWorkersWorkflow:
             await self._reconcile()
             if self._decommissioning and all(s.deleted for s in self._slots.values()):
                 break
-            await workflow.wait_condition(
-                lambda: self._changed or workflow.info().is_continue_as_new_suggested()
-            )
-            if workflow.info().is_continue_as_new_suggested() and not self._changed:
+            await workflow.wait_condition(lambda: self._changed or self._history_limit.due)
+            if self._history_limit.due and not self._changed:
                 await self._continue_as_new(publisher)
 
         if self._facts is not None or self._cluster is not None:
@@ -1664,7 +1675,7 @@ class ClusterWorkersWorkflow:
             )
             return []
         except TimeoutError:
-            pass
+            self._history_limit.look()
         now = slots()
         quiet = {
             name: quiet_looks.get(name, 0) + 1 for name, sequence in seen.items() if now.get(name) == sequence
@@ -1745,6 +1756,7 @@ class ClusterWorkersWorkflow:
             )
             if self._input.policy.status_coalesce:
                 await workflow.sleep(self._input.policy.status_coalesce)
+                self._history_limit.look()
             generation = self._status_generation
             status = self.status()
             failed = sum(1 for w in status.workers if w.phase == WorkerPhase.FAILED)
@@ -1760,6 +1772,7 @@ class ClusterWorkersWorkflow:
                 self._events_in_flight = []
                 self._publish_failures += 1
                 await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
+                self._history_limit.look()  # a hub refusing the writes for days: the run still ends
                 continue
             self._events_in_flight = []
             self._published_generation = generation
@@ -1895,9 +1908,12 @@ class ClusterWorkersWorkflow:
                 failing=failing,
             )
 
-        return await bmaas_call_through_outages(
-            call_round, policy=self._input.policy, name=name.value, on_failing=show
-        )
+        try:
+            return await bmaas_call_through_outages(
+                call_round, policy=self._input.policy, name=name.value, on_failing=show
+            )
+        finally:
+            self._history_limit.look()
 
     def _show_bmaas_failing(self) -> None:
         """FulfillmentServiceUnavailable while a BMaaS call of the order or of a worker keeps failing;
@@ -1932,9 +1948,19 @@ class ClusterWorkersWorkflow:
         local: bool = False,
     ) -> T:
         self._end_if_cancelled()  # this workflow's cancel, taken in by a call that ended
-        return await call_activity(
-            name.value, arg, result_type, policy=self._input.policy, summary=summary, wait=wait, local=local
-        )
+        try:
+            return await call_activity(
+                name.value,
+                arg,
+                result_type,
+                policy=self._input.policy,
+                summary=summary,
+                wait=wait,
+                local=local,
+            )
+        finally:
+            if not local:  # a local one's result may come in a task replay does not see
+                self._history_limit.look()
 
 
 def _tell_again_at(quiet_looks: int) -> bool:
