@@ -274,12 +274,9 @@ class WorkerRevision(IntEnum):
     # signal or workflow task between registration and approval, the same events however long the
     # host takes; the release unbinds an Agent that activity handed before it was cancelled.
     AGENT_HANDED_IN_WAIT = 3
-    # Continues as new once the server's suggestion was seen where a recorded event resumed it
-    # (workflows.continue_as_new), not in a task the SDK forced for a local activity's result.
-    CONTINUE_AS_NEW_ON_RECORDED_EVENTS = 4
 
 
-CURRENT_WORKER_REVISION = WorkerRevision.CONTINUE_AS_NEW_ON_RECORDED_EVENTS
+CURRENT_WORKER_REVISION = WorkerRevision.AGENT_HANDED_IN_WAIT
 
 
 class WorkerNodeInput(BaseModel):

@@ -128,15 +128,13 @@ async def call_activity(
     `failing`: the call is known to keep failing, so its retries start at the longest backoff (or at
     the policy's `bmaas_failing_shown_after`, if shorter)."""
     if local:
-        assert not (wait or task_queue or attempts or failing), (
-            "a local activity: short, the workflow's queue"
-        )
+        assert not (wait or task_queue or failing), "a local activity: short, the workflow's queue"
         local_result: T = await workflow.execute_local_activity(
             name,
             arg,
             result_type=result_type,
             start_to_close_timeout=policy.call_timeout,
-            retry_policy=CALL_RETRY,
+            retry_policy=call_retry(attempts),
             local_retry_threshold=LOCAL_RETRY_ON_A_TIMER,
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             summary=summary,

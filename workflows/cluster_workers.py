@@ -86,7 +86,12 @@ with workflow.unsafe.imports_passed_through():
         node_set_problem,
         worker_workflow_id,
     )
-    from workflows.activity_calls import CALL_RETRY, bmaas_call_through_outages, call_activity
+    from workflows.activity_calls import (
+        CALL_RETRY,
+        attempts_before_shown,
+        bmaas_call_through_outages,
+        call_activity,
+    )
     from workflows.continue_as_new import ContinueAsNewDue
     from workflows.metrics import record_order_counts
     from workflows.search_attributes import OSAC_CLUSTER_ORDER, worker_start_attributes
@@ -247,6 +252,12 @@ class ClusterPatch(StrEnum):
     # task the SDK forced for a status write's result, which replay does not see.
     CONTINUE_AS_NEW_ON_RECORDED_EVENTS = "continue-as-new-on-recorded-events"
 
+
+# A status write's attempts (about 30 s of the SDK's retries, each on a timer), after which a run
+# that keeps the continue-as-new suggestion (CONTINUE_AS_NEW_ON_RECORDED_EVENTS) has it back in the
+# publisher, which tries again after its own timer and looks at the suggestion there: a hub failing
+# the writes for days would otherwise grow the history with no look, up to the server's limit.
+STATUS_WRITE_ATTEMPTS = attempts_before_shown(timedelta(seconds=30))
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
 STATUS_FLUSH_GIVE_UP = "Give up the last status write"
@@ -1772,12 +1783,13 @@ class ClusterWorkersWorkflow:
                 self._events_in_flight = []
                 self._publish_failures += 1
                 await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
-                self._history_limit.look()  # a hub refusing the writes for days: the run still ends
+                self._history_limit.look()  # a hub failing the writes for days: the run still ends
                 continue
             self._events_in_flight = []
             self._published_generation = generation
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
+        local = workflow.patched(ClusterPatch.STATUS_PUBLISHED_LOCALLY.value)
         await self._hub(
             HubActivity.PUBLISH_ORDER_STATUS,
             PublishStatusInput(
@@ -1792,7 +1804,8 @@ class ClusterWorkersWorkflow:
             None,
             summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready"
             + (f", {len(events)} event(s)" if events else ""),
-            local=workflow.patched(ClusterPatch.STATUS_PUBLISHED_LOCALLY.value),
+            local=local,
+            attempts=STATUS_WRITE_ATTEMPTS if local and self._history_limit.kept else 0,
         )
 
     async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
@@ -1897,23 +1910,23 @@ class ClusterWorkersWorkflow:
                 self._show_bmaas_failing()
 
         async def call_round(attempts: int, failing: bool) -> T:
-            return await call_activity(
-                name.value,
-                arg,
-                result_type,
-                policy=self._input.policy,
-                summary=summary,
-                task_queue=self._input.bmaas_task_queue,
-                attempts=attempts,
-                failing=failing,
-            )
+            try:
+                return await call_activity(
+                    name.value,
+                    arg,
+                    result_type,
+                    policy=self._input.policy,
+                    summary=summary,
+                    task_queue=self._input.bmaas_task_queue,
+                    attempts=attempts,
+                    failing=failing,
+                )
+            finally:
+                self._history_limit.look()  # each round, which an outage makes half an hour long
 
-        try:
-            return await bmaas_call_through_outages(
-                call_round, policy=self._input.policy, name=name.value, on_failing=show
-            )
-        finally:
-            self._history_limit.look()
+        return await bmaas_call_through_outages(
+            call_round, policy=self._input.policy, name=name.value, on_failing=show
+        )
 
     def _show_bmaas_failing(self) -> None:
         """FulfillmentServiceUnavailable while a BMaaS call of the order or of a worker keeps failing;
@@ -1946,6 +1959,7 @@ class ClusterWorkersWorkflow:
         summary: str,
         wait: bool = False,
         local: bool = False,
+        attempts: int = 0,
     ) -> T:
         self._end_if_cancelled()  # this workflow's cancel, taken in by a call that ended
         try:
@@ -1957,6 +1971,7 @@ class ClusterWorkersWorkflow:
                 summary=summary,
                 wait=wait,
                 local=local,
+                attempts=attempts,
             )
         finally:
             if not local:  # a local one's result may come in a task replay does not see

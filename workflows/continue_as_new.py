@@ -16,7 +16,9 @@ class ContinueAsNewDue:
     task that recorded it, whose activation has a job). A run that continued as new in the forced
     task failed to replay. So the suggestion is looked at (`look`) only where a signal, an accepted
     update, a timer that fired or a remote activity's result resumed the run, and kept from there.
-    Never from a validator (a rejected update leaves no event) or a query."""
+    Never from a validator (a rejected update leaves no event), a query, or after a local
+    activity; and a run whose history grows must look somewhere in that growth (a local activity
+    retried on the SDK's timers does not)."""
 
     def __init__(self) -> None:
         self._kept = False
@@ -25,6 +27,10 @@ class ContinueAsNewDue:
     def decide(self, kept: bool) -> None:
         """`kept`: this run keeps the suggestion `look` saw; runs recorded before read it live."""
         self._kept = kept
+
+    @property
+    def kept(self) -> bool:
+        return self._kept
 
     def look(self) -> None:
         if self._kept and workflow.info().is_continue_as_new_suggested():

@@ -73,7 +73,6 @@ with workflow.unsafe.imports_passed_through():
         WorkerRevision,
     )
     from workflows.activity_calls import bmaas_call_through_outages, call_activity, ran_out_of_attempts
-    from workflows.continue_as_new import ContinueAsNewDue
     from workflows.metrics import record_correlation_duration, record_provisioning_duration
     from workflows.search_attributes import (
         OSAC_ATTEMPT,
@@ -180,14 +179,12 @@ class WorkerNodeWorkflow:
         self._host_lost_before_start: LostInstance | None = None
         # Whether a cancel request is taken as a scale-down (None: none came yet).
         self._cancel_is_scale_down: bool | None = None
-        self._history_limit = ContinueAsNewDue()
 
     # ----------------------------------------------------------------------------------- API
 
     @workflow.signal
     def scale_down(self) -> None:
         """Release this worker: unbind, delete, wipe. Idempotent."""
-        self._history_limit.look()
         self._scale_down = True
         if self._progress is not None:
             self._progress.scale_down_requested = True
@@ -195,7 +192,6 @@ class WorkerNodeWorkflow:
     @workflow.signal
     def agent_registered(self, report: AgentRegistered) -> None:
         """From the watch started by watch_agent_for_macs. Only news of this attempt's host counts."""
-        self._history_limit.look()
         if self._news_of_current_host(WorkerPhase.WAITING_FOR_AGENT, report.bmi_id):
             self._agent_registered = report
 
@@ -203,7 +199,6 @@ class WorkerNodeWorkflow:
     def host_lost(self, lost: LostInstance) -> None:
         """From the cluster workflow's check of its Ready workers' BMIs. Counts only for the current
         BMI of a Ready worker: a worker already leaving or replacing it has nothing to do."""
-        self._history_limit.look()
         if self._progress is None:
             self._host_lost_before_start = lost
         elif self._news_of_current_host(WorkerPhase.READY, lost.bmi_id):
@@ -263,9 +258,6 @@ class WorkerNodeWorkflow:
         have (a TimeoutError if it timed out). A cancellation of the task itself still goes through."""
         try:
             await workflow.wait_condition(done, timeout=timeout, timeout_summary=timeout_summary)
-        except TimeoutError:
-            self._history_limit.look()
-            raise
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if (task is not None and task.cancelling()) or not self._take_cancel_as_scale_down():
@@ -277,7 +269,6 @@ class WorkerNodeWorkflow:
         self._input = inp
         self._reports_by_activities = inp.revision >= WorkerRevision.ACTIVITY_REPORTS
         self._hands_in_wait = inp.revision >= WorkerRevision.AGENT_HANDED_IN_WAIT
-        self._history_limit.decide(inp.revision >= WorkerRevision.CONTINUE_AS_NEW_ON_RECORDED_EVENTS)
         slot = inp.slot
         self._progress = inp.progress or WorkerProgress(
             status=WorkerStatus(node_set=slot.node_set, name=slot.name)
@@ -314,7 +305,11 @@ class WorkerNodeWorkflow:
             if self._progress.status.phase == WorkerPhase.READY:
                 await self._flush_reports()
                 await self._wait(
-                    lambda: self._scale_down or self._host_lost is not None or self._history_limit.due
+                    lambda: (
+                        self._scale_down
+                        or self._host_lost is not None
+                        or workflow.info().is_continue_as_new_suggested()
+                    )
                 )
                 if self._host_lost is not None and workflow.patched(WorkerPatch.LOST_HOST_LEAVES.value):
                     # Released like a scale-down's victim (its order, told, starts a new worker), the
@@ -336,7 +331,7 @@ class WorkerNodeWorkflow:
                 await self._wait_backoff()
                 if self._scale_down:
                     break
-                if self._history_limit.due:
+                if workflow.info().is_continue_as_new_suggested():
                     await self._continue_as_new()
                 self._progress.status.attempt_count += 1
                 self._progress.status.next_retry_time = None
@@ -637,7 +632,6 @@ class WorkerNodeWorkflow:
                     self._record_failure(failure)
                     await self._report_change()
                 await workflow.sleep(self._policy().backoff(FailureReason.INTERNAL_ERROR, failures))
-                self._history_limit.look()
                 await self._continue_release_as_new_if_due()
 
     async def _release_resources(self) -> None:
@@ -835,7 +829,7 @@ class WorkerNodeWorkflow:
     async def _continue_release_as_new_if_due(self) -> None:
         """A release's next run starts it again from the carried progress (the scale-down, or the
         failed attempt, is in it): each step is idempotent."""
-        if not self._history_limit.due:
+        if not workflow.info().is_continue_as_new_suggested():
             return
         if self._tearing_down:
             if workflow.patched(WorkerPatch.TEARDOWN_CONTINUES_AS_NEW.value):
@@ -1084,15 +1078,11 @@ class WorkerNodeWorkflow:
                 self._unsent = None
             return result
 
-        try:
-            if not shows_failing:
-                return await call_round()
-            return await bmaas_call_through_outages(
-                call_round, policy=self._policy(), name=name, on_failing=self._show_bmaas_failing
-            )
-        finally:
-            if not local:  # a local one's result may come in a task replay does not see
-                self._history_limit.look()
+        if not shows_failing:
+            return await call_round()
+        return await bmaas_call_through_outages(
+            call_round, policy=self._policy(), name=name, on_failing=self._show_bmaas_failing
+        )
 
     def _show_bmaas_failing(self, failing: FailingRequests | None) -> None:
         """Tell the order that BMaaS keeps failing this worker's call (once per outage), or no longer

@@ -1,18 +1,14 @@
 """A worker interceptor that answers the order's status queries only once the status write under
-way has ended, so that its result is in by the time the query's answer completes the task (a
-module of its own so the sandbox can import it; the gate it waits on is passed through)."""
+way has ended, so that its result is in by the time the query's answer completes the task."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from temporalio import workflow
 from temporalio.worker import HandleQueryInput, WorkflowInboundInterceptor
 
+from tests.workflows import write_gate
 from tests.workflows.held_restarts import WorkflowInterceptorOnClient
-
-with workflow.unsafe.imports_passed_through():
-    from tests.workflows import write_gate
 
 
 class _QueryAfterWrite(WorkflowInboundInterceptor):

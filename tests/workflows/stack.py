@@ -467,3 +467,20 @@ async def replay_clean(
             raise
         replayed += 1
     assert replayed, "no history to replay"
+
+
+async def order_run_continued_as_new(stack: Stack, order: OrderRef, run_id: str, ready: WorkerStatus) -> str:
+    """Reports the order ignores (of a slot it does not have: an event in its history, nothing
+    else), sent until its run `run_id`, past the server's suggestion, continues as new at one.
+    Returns the new run's id."""
+    handle = stack.api.handle(order)
+    ignored = WorkerReports(reports=[WorkerReport(status=ready.model_copy(update={"name": "nobody"}))])
+
+    async def continued() -> str | None:
+        latest = (await handle.describe()).run_id
+        if latest != run_id:
+            return latest
+        await handle.signal(ClusterWorkersWorkflow.worker_reports, ignored)
+        return None
+
+    return await eventually(continued, f"run {run_id} of {handle.id} continuing as new")

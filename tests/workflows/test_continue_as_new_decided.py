@@ -31,7 +31,14 @@ from contracts.workflows import ClusterWorkersStatus
 from tests.conftest import start_dev_server
 from tests.workflows import write_gate
 from tests.workflows.held_queries import QueriesAfterWrites
-from tests.workflows.stack import Stack, eventually, patches_recorded, replay_clean, running_stack
+from tests.workflows.stack import (
+    Stack,
+    eventually,
+    order_run_continued_as_new,
+    patches_recorded,
+    replay_clean,
+    running_stack,
+)
 from worker.main import build_workers, open_backends
 from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
 
@@ -65,6 +72,7 @@ class HeldStatusWrites(HubActivities):
         result = await super().publish_order_status(input)
         ended, cls.ended = cls.ended, None
         if ended is not None:
+            # The result goes to the SDK as this returns: the query's answer must come after it.
             asyncio.get_running_loop().call_later(0.05, ended.set)
         return result
 
@@ -106,20 +114,6 @@ async def _quiet(handle: WorkflowHandle[ClusterWorkersWorkflow, ClusterWorkersSt
         return info.execution.run_id, info.history_size_bytes
 
     return await eventually(probe, f"{handle.id} quiet")
-
-
-async def _continued_as_new(
-    handle: WorkflowHandle[ClusterWorkersWorkflow, ClusterWorkersStatus], run_id: str, ready: WorkerStatus
-) -> None:
-    """The run `run_id`, past the size, continues as new at the next event its history keeps: a
-    report the order ignores (of a slot it does not have)."""
-    ignored = WorkerReport(status=ready.model_copy(update={"name": "nobody"}))
-    await handle.signal(ClusterWorkersWorkflow.worker_reports, WorkerReports(reports=[ignored]))
-
-    async def continued() -> bool:
-        return (await handle.describe()).run_id != run_id
-
-    await eventually(continued, f"run {run_id} of {handle.id} continuing as new")
 
 
 def _reports(ready: WorkerStatus, padding: int) -> WorkerReports:
@@ -202,17 +196,17 @@ async def test_a_status_write_answering_a_query_does_not_decide_a_continue_as_ne
         run_id, before = await _quiet(handle)
         padding = SUGGEST_AFTER_BYTES - before - to_task - to_forced // 2
         if padding <= 0:  # a try that went otherwise left the run past the size: start a new one
-            await _continued_as_new(handle, run_id, ready)
+            await order_run_continued_as_new(stack, order, run_id, ready)
             continue
         landed = await _write_answering_a_query(stack, order, ready, padding)
-        if landed is not None:
+        if landed is not None and landed[2] < SUGGEST_AFTER_BYTES <= landed[3]:
             break
-    assert landed is not None, "no padded status write answered a query in its task"
-    run_id, _, task_began, forced_began = landed
-    assert task_began < SUGGEST_AFTER_BYTES <= forced_began, (task_began, forced_began)
+        landed = None  # not that structure, or not those sizes (a task more on a loaded machine)
+    assert landed is not None, "no padded status write answered a query in its task at that size"
+    run_id = landed[0]
 
     # Not in F: at the next event the history keeps.
-    await _continued_as_new(handle, run_id, ready)
+    await order_run_continued_as_new(stack, order, run_id, ready)
     closed = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
     await replay_clean([closed])
     assert ClusterPatch.CONTINUE_AS_NEW_ON_RECORDED_EVENTS.value in patches_recorded(closed)
@@ -220,3 +214,51 @@ async def test_a_status_write_answering_a_query_does_not_decide_a_continue_as_ne
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
     await replay_clean(await stack.histories(order))
+
+
+async def test_an_idle_order_whose_status_writes_keep_failing_still_continues_as_new(stack: Stack) -> None:
+    """A hub failing the status writes (a 500, retried) grows an idle order's history by each
+    retry's timer, and nothing else happens in its run. The run decides to continue as new only
+    where its history keeps an event, and an attempt of a local activity retried by the SDK is none
+    it sees: a write now returns to the order's workflow after STATUS_WRITE_ATTEMPTS, which tries
+    again after a timer of its own and looks at the suggestion there. Before, the run waited for a
+    command or a report, for days up to the server's history limit (found by review)."""
+    api = stack.with_policy(ready_host_check=timedelta(hours=1), call_timeout=timedelta(seconds=5))
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    (ready,) = (await stack.wait_ready(order, 1)).workers
+    handle = stack.api.handle(order)
+    run_id, before = await _quiet(handle)
+    failing = {"errors": [{"code": 500, "verbs": ["patch"], "resources": ["clusterorders/status"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=failing)).raise_for_status()
+    try:
+        # A status change the hub will not take (an unnumbered report of the worker, a count
+        # changed), with a report the order ignores padding the run to a little below the size
+        # the server suggests continuing as new at: only the write's retries take it past.
+        changed = ready.model_copy(update={"attempt_count": ready.attempt_count + 1})
+        padding = SUGGEST_AFTER_BYTES - before - 2560
+        reports = [*_reports(ready, padding).reports[:1], WorkerReport(status=changed)]
+        await handle.signal(ClusterWorkersWorkflow.worker_reports, WorkerReports(reports=reports))
+
+        async def continued() -> bool:
+            return (await handle.describe()).run_id != run_id
+
+        await eventually(continued, "the run continuing as new while its status writes fail", timeout=240)
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    history = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+    events = list(history.events)
+    # The last thing sent to the run was the report, taken below the size: nothing it was sent
+    # decided the continue-as-new.
+    sent = [
+        e.event_id
+        for e in events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+        or e.HasField("workflow_execution_update_accepted_event_attributes")
+    ]
+    (took_the_report,) = [e for e in _task_starts(events) if e.event_id > sent[-1]][:1]
+    assert not took_the_report.workflow_task_started_event_attributes.suggest_continue_as_new
+    await replay_clean([history])
+    await stack.wait_ready(order, 1)
+    await stack.decommission_and_wait(order)
+    assert await stack.bmis(order) == []

@@ -1,5 +1,5 @@
-"""Shared by a test's status-write activity and its workflow interceptor (held_queries), which
-the sandbox imports afresh: this module is passed through, so both see the same gate."""
+"""Shared by a test's status-write activity and its workflow interceptor (held_queries): the gate
+a status query's answer waits for."""
 
 from __future__ import annotations
 
