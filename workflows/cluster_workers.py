@@ -91,7 +91,6 @@ with workflow.unsafe.imports_passed_through():
         attempts_before_shown,
         bmaas_call_through_outages,
         call_activity,
-        ran_out_of_attempts,
     )
     from workflows.continue_as_new import ContinueAsNewDue
     from workflows.metrics import record_order_counts
@@ -254,11 +253,10 @@ class ClusterPatch(StrEnum):
     CONTINUE_AS_NEW_ON_RECORDED_EVENTS = "continue-as-new-on-recorded-events"
 
 
-# A status write's attempts (about 30 s of the SDK's backoff, each retry on a timer), after which a
-# run that keeps the continue-as-new suggestion (CONTINUE_AS_NEW_ON_RECORDED_EVENTS) has it back in
-# the publisher, which tries again after its own timer and looks at the suggestion there: a hub
-# failing the writes for days would otherwise grow the history with no look, up to the server's
-# limit. A write failing again gets one attempt a minute (`_status_write_attempts`).
+# A status write's attempts (about 30 s of the SDK's retries, each on a timer), after which a run
+# that keeps the continue-as-new suggestion (CONTINUE_AS_NEW_ON_RECORDED_EVENTS) has it back in the
+# publisher, which tries again after its own timer and looks at the suggestion there: a hub failing
+# the writes for days would otherwise grow the history with no look, up to the server's limit.
 STATUS_WRITE_ATTEMPTS = attempts_before_shown(timedelta(seconds=30))
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
@@ -295,7 +293,6 @@ class ClusterWorkersWorkflow:
         self._events: list[EventInput] = list(carried.events)
         self._events_in_flight: list[EventInput] = []  # taken by the status write under way
         self._publish_failures = 0  # status writes refused so far (see _flush_status)
-        self._status_writes_failing = False  # the last write ran out of its attempts
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -1784,34 +1781,12 @@ class ClusterWorkersWorkflow:
                 workflow.logger.warning("publishing the order status failed: %s", err)
                 self._events = events + self._events
                 self._events_in_flight = []
-                if isinstance(err, ActivityError) and ran_out_of_attempts(err):
-                    self._status_writes_failing = True  # failing, not refused: a last write goes on
-                else:
-                    self._publish_failures += 1
-                await self._after_a_failed_write()
+                self._publish_failures += 1
+                await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
+                self._history_limit.look()  # a hub failing the writes for days: the run still ends
                 continue
-            self._status_writes_failing = False
             self._events_in_flight = []
             self._published_generation = generation
-
-    async def _after_a_failed_write(self) -> None:
-        """A minute before the next write; in a run that keeps the suggestion, or until its last
-        write begins, which is tried at once (its give-up timer bounds it)."""
-        retry = CALL_RETRY.maximum_interval or timedelta(seconds=60)
-        if not self._history_limit.kept:
-            await workflow.sleep(retry)
-            return
-        try:
-            await workflow.wait_condition(lambda: self._publish_until is not None, timeout=retry)
-        except TimeoutError:
-            self._history_limit.look()  # a hub failing the writes for days: the run still ends
-
-    def _status_write_attempts(self) -> int:
-        """The SDK's attempts of a kept run's write: a write failing again is tried once a minute,
-        as a hub that keeps failing is, except a last write; 0 (no limit) in runs from before."""
-        if not self._history_limit.kept:
-            return 0
-        return 1 if self._status_writes_failing and self._publish_until is None else STATUS_WRITE_ATTEMPTS
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
         local = workflow.patched(ClusterPatch.STATUS_PUBLISHED_LOCALLY.value)
@@ -1830,7 +1805,7 @@ class ClusterWorkersWorkflow:
             summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready"
             + (f", {len(events)} event(s)" if events else ""),
             local=local,
-            attempts=self._status_write_attempts() if local else 0,
+            attempts=STATUS_WRITE_ATTEMPTS if local and self._history_limit.kept else 0,
         )
 
     async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
@@ -1935,19 +1910,16 @@ class ClusterWorkersWorkflow:
                 self._show_bmaas_failing()
 
         async def call_round(attempts: int, failing: bool) -> T:
-            try:
-                return await call_activity(
-                    name.value,
-                    arg,
-                    result_type,
-                    policy=self._input.policy,
-                    summary=summary,
-                    task_queue=self._input.bmaas_task_queue,
-                    attempts=attempts,
-                    failing=failing,
-                )
-            finally:
-                self._history_limit.look()  # each round, which an outage makes half an hour long
+            # A remote call each round: looked after at the end of each (an outage's is half an hour).
+            return await self._call(
+                name.value,
+                arg,
+                result_type,
+                summary=summary,
+                task_queue=self._input.bmaas_task_queue,
+                attempts=attempts,
+                failing=failing,
+            )
 
         return await bmaas_call_through_outages(
             call_round, policy=self._input.policy, name=name.value, on_failing=show
@@ -1987,19 +1959,28 @@ class ClusterWorkersWorkflow:
         attempts: int = 0,
     ) -> T:
         self._end_if_cancelled()  # this workflow's cancel, taken in by a call that ended
+        return await self._call(
+            name.value, arg, result_type, summary=summary, wait=wait, local=local, attempts=attempts
+        )
+
+    async def _call(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type[T] | None,
+        *,
+        summary: str,
+        local: bool = False,
+        **options: Any,
+    ) -> T:
+        """One call of the order's. A remote one's end is recorded, so the suggestion to continue as
+        new is looked at there; a local one's result may come in a task replay does not see."""
         try:
             return await call_activity(
-                name.value,
-                arg,
-                result_type,
-                policy=self._input.policy,
-                summary=summary,
-                wait=wait,
-                local=local,
-                attempts=attempts,
+                name, arg, result_type, policy=self._input.policy, summary=summary, local=local, **options
             )
         finally:
-            if not local:  # a local one's result may come in a task replay does not see
+            if not local:
                 self._history_limit.look()
 
 
