@@ -251,6 +251,13 @@ class ClusterPatch(StrEnum):
     # resumed the run (workflows.continue_as_new); before, it read the suggestion live, also in a
     # task the SDK forced for a status write's result, which replay does not see.
     CONTINUE_AS_NEW_ON_RECORDED_EVENTS = "continue-as-new-on-recorded-events"
+    # Status writes the hub fails (5xx, unanswered) are told from writes it refuses (the activity's
+    # non-retryable error): after a first failed round of STATUS_WRITE_ATTEMPTS a write is made
+    # once a minute, not a round each time; a run's last write is tried until its give-up timer
+    # (only a refusal gives it up sooner), at once if it begins while the publisher waits after a
+    # failure. That wait is a timer never cancelled: a write's result can come a task later live
+    # than in replay, and a cancel of a timer started on it could then fall in another task.
+    STATUS_WRITES_PACED = "status-writes-paced"
 
 
 # A status write's attempts (about 30 s of the SDK's retries, each on a timer), after which a run
@@ -258,6 +265,11 @@ class ClusterPatch(StrEnum):
 # publisher, which tries again after its own timer and looks at the suggestion there: a hub failing
 # the writes for days would otherwise grow the history with no look, up to the server's limit.
 STATUS_WRITE_ATTEMPTS = attempts_before_shown(timedelta(seconds=30))
+
+# How long the publisher waits after a failed status write before the next one, and the summary of
+# that timer (STATUS_WRITES_PACED) as the Web UI shows it.
+FAILED_STATUS_WRITE_PAUSE = CALL_RETRY.maximum_interval or timedelta(seconds=60)
+FAILED_STATUS_WRITE_PAUSE_SUMMARY = "Wait after a failed status write"
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
 STATUS_FLUSH_GIVE_UP = "Give up the last status write"
@@ -292,7 +304,10 @@ class ClusterWorkersWorkflow:
         self._conditions: dict[OrderConditionType, Condition] = {}
         self._events: list[EventInput] = list(carried.events)
         self._events_in_flight: list[EventInput] = []  # taken by the status write under way
-        self._publish_failures = 0  # status writes refused so far (see _flush_status)
+        self._publish_failures = 0  # status writes failed so far (see _flush_status)
+        self._publish_refusals = 0  # of which the hub refused (STATUS_WRITES_PACED)
+        self._status_writes_paced = False
+        self._status_writes_failing = False  # the last write failed (STATUS_WRITES_PACED)
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -548,6 +563,7 @@ class ClusterWorkersWorkflow:
         order = inp.order
         workflow.upsert_search_attributes([OSAC_CLUSTER_ORDER.value_set(order.key)])
         self._history_limit.decide(workflow.patched(ClusterPatch.CONTINUE_AS_NEW_ON_RECORDED_EVENTS.value))
+        self._status_writes_paced = workflow.patched(ClusterPatch.STATUS_WRITES_PACED.value)
         publisher = self._publisher = asyncio.ensure_future(self._publish_loop())
         host_check = asyncio.ensure_future(self._check_ready_hosts())
         security_groups = asyncio.ensure_future(self._keep_security_groups())
@@ -857,7 +873,8 @@ class ClusterWorkersWorkflow:
             )
         except TimeoutError:
             pass
-        if workflow.info().is_continue_as_new_suggested() and workflow.patched(
+        self._history_limit.look()  # after a timer that fired or a command: a recorded event
+        if self._history_limit.due and workflow.patched(
             ClusterPatch.PREREQUISITE_WAIT_CONTINUES_AS_NEW.value
         ):
             assert self._publisher is not None
@@ -1774,6 +1791,7 @@ class ClusterWorkersWorkflow:
             record_order_counts(self._input.order, status.desired_workers, status.ready_workers, failed)
             events, self._events = self._events, []
             self._events_in_flight = events  # a continue-as-new that gives the write up carries them
+            last_write = self._publish_until is not None
             try:
                 await self._publish(status, events)
             except (ActivityError, ApplicationError) as err:
@@ -1782,11 +1800,30 @@ class ClusterWorkersWorkflow:
                 self._events = events + self._events
                 self._events_in_flight = []
                 self._publish_failures += 1
-                await workflow.sleep(CALL_RETRY.maximum_interval or timedelta(seconds=60))
-                self._history_limit.look()  # a hub failing the writes for days: the run still ends
+                if self._status_writes_paced:
+                    if _refused(err):
+                        self._publish_refusals += 1
+                    self._status_writes_failing = True
+                    await self._pause_after_a_failed_write(last_write)
+                else:
+                    await workflow.sleep(FAILED_STATUS_WRITE_PAUSE)
+                    self._history_limit.look()  # a hub failing the writes for days: the run still ends
                 continue
             self._events_in_flight = []
             self._published_generation = generation
+            self._status_writes_failing = False
+
+    async def _pause_after_a_failed_write(self, last_write: bool) -> None:
+        """FAILED_STATUS_WRITE_PAUSE on a timer never cancelled, cut short by a run's last write
+        beginning (unless the failed write was that one)."""
+        pause = asyncio.ensure_future(
+            workflow.sleep(FAILED_STATUS_WRITE_PAUSE, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY)
+        )
+        await workflow.wait_condition(
+            lambda: pause.done() or (self._publish_until is not None and not last_write)
+        )
+        if pause.done():
+            self._history_limit.look()  # a hub failing the writes for days: the run still ends
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
         local = workflow.patched(ClusterPatch.STATUS_PUBLISHED_LOCALLY.value)
@@ -1805,19 +1842,27 @@ class ClusterWorkersWorkflow:
             summary=f"Publish status: {status.ready_workers}/{status.desired_workers} ready"
             + (f", {len(events)} event(s)" if events else ""),
             local=local,
-            attempts=STATUS_WRITE_ATTEMPTS if local and self._history_limit.kept else 0,
+            attempts=self._status_write_attempts() if local and self._history_limit.kept else 0,
         )
+
+    def _status_write_attempts(self) -> int:
+        """A write's attempts in a run that keeps the suggestion to continue as new (0: no limit)."""
+        if not self._status_writes_paced:
+            return STATUS_WRITE_ATTEMPTS
+        if self._publish_until is not None:
+            return 0  # the run's last write: until the give-up timer cancels it
+        return 1 if self._status_writes_failing else STATUS_WRITE_ATTEMPTS
 
     async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
         """Write the latest status, then stop the publisher. `or_give_up`: a write refused, or not
         through within a call timeout (retried on a hub answering 5xx), is given up: its events stay
         in `_events_in_flight` and `_events` to carry over, as do those of changes made meanwhile."""
         self._status_generation += 1
-        refused = self._publish_failures
+        failures = self._publish_failures
 
         def flushed() -> bool:
             return self._published_generation >= self._status_generation or (
-                or_give_up and self._publish_failures > refused
+                or_give_up and self._publish_failures > failures
             )
 
         if or_give_up and workflow.patched(ClusterPatch.LAST_STATUS_WRITE_FIXED.value):
@@ -1825,10 +1870,16 @@ class ClusterWorkersWorkflow:
             give_up = asyncio.ensure_future(
                 workflow.sleep(self._input.policy.call_timeout, summary=STATUS_FLUSH_GIVE_UP)
             )
+            # Paced: only a refusal gives the write up before its timer; a failing one is tried on.
+            refusals = self._publish_refusals
+
+            def given_up() -> bool:
+                if self._status_writes_paced:
+                    return self._publish_refusals > refusals
+                return self._publish_failures > failures
+
             await workflow.wait_condition(
-                lambda: (
-                    self._published_generation >= target or self._publish_failures > refused or give_up.done()
-                )
+                lambda: self._published_generation >= target or given_up() or give_up.done()
             )
         elif or_give_up:
             with contextlib.suppress(TimeoutError):
@@ -1987,6 +2038,13 @@ class ClusterWorkersWorkflow:
 def _tell_again_at(quiet_looks: int) -> bool:
     """The 1st, 2nd, 4th and 8th quiet look in a row, then every 12th."""
     return quiet_looks in (1, 2, 4, 8) or quiet_looks % 12 == 0
+
+
+def _refused(err: ActivityError | ApplicationError) -> bool:
+    """The hub refused the call, as its activity decided (a non-retryable error), as against failing
+    (5xx, unanswered: a local call's retries ran out, a remote one's timed out)."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    return isinstance(cause, ApplicationError) and cause.non_retryable
 
 
 def _active(slot: SlotRecord) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -36,7 +38,12 @@ from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, worker_wor
 from starter.api import CommandError, WorkersApi
 from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, replay_clean, running_stack
 from worker.main import build_workers, open_backends
-from workflows.cluster_workers import ClusterPatch
+from workflows.cluster_workers import (
+    FAILED_STATUS_WRITE_PAUSE,
+    STATUS_FLUSH_GIVE_UP,
+    STATUS_WRITE_ATTEMPTS,
+    ClusterPatch,
+)
 
 REFUSED = "RequestRefused"
 
@@ -282,6 +289,97 @@ async def test_a_final_status_write_refused_at_the_end_of_a_decommission_still_e
     assert Refusals.counts[(HubActivity.PUBLISH_ORDER_STATUS, order.key)] >= 1
     assert await stack.bmis(order) == []
     await _replays_as_it_ran(stack, order, ClusterPatch.DECOMMISSION_ENDS_PAST_REFUSALS)
+    # A refusal gives the last write up at once, tried at once though the publisher was waiting a
+    # minute after the first refusal: its give-up timer never fired.
+    events = list((await stack.api.handle(order).fetch_history()).events)
+    (give_up,) = [e.event_id for e in events if _timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
+    assert give_up not in _fired(events), "the refused last write was tried until its give-up timer"
+
+
+def _timer_started(
+    event: HistoryEvent, *, summary: str | None = None, lasting: timedelta | None = None
+) -> bool:
+    if event.event_type != EventType.EVENT_TYPE_TIMER_STARTED:
+        return False
+    if (
+        lasting is not None
+        and event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() != lasting
+    ):
+        return False
+    return summary is None or (
+        event.user_metadata.summary.data != b"" and json.loads(event.user_metadata.summary.data) == summary
+    )
+
+
+def _fired(events: list[HistoryEvent]) -> dict[int, int]:
+    """The started event of each timer that fired, to the event of its firing."""
+    return {
+        e.timer_fired_event_attributes.started_event_id: e.event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED
+    }
+
+
+def _failed_status_write(event: HistoryEvent) -> bool:
+    """An attempt of a status write that failed (the order's only local activity)."""
+    return (
+        event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and event.marker_recorded_event_attributes.marker_name == "core_local_activity"
+        and event.marker_recorded_event_attributes.HasField("failure")
+    )
+
+
+async def test_a_status_write_the_hub_keeps_failing_is_made_once_a_minute_and_a_last_one_until_given_up(
+    stack: Stack,
+) -> None:
+    """The hub answers every status write with a 500. After a first round of STATUS_WRITE_ATTEMPTS
+    a write is made once a minute, not a round each time (about six requests every 90 s before).
+    The decommission's last write, beginning while the publisher waits after a failure, is tried
+    at once and until its give-up timer: before, the failing round counted as a refusal and gave
+    it up, or the publisher's minute-long wait outlasted the give-up and it was not tried at all."""
+    api = stack.with_policy(call_timeout=timedelta(seconds=10))
+    order = await stack.create_order({"bm-standard": 1})
+    await stack.apply(order, {"bm-standard": 1}, api)
+    await _ready(stack, order, 1)
+    handle = stack.api.handle(order)
+    failing = {"errors": [{"code": 500, "verbs": ["patch"], "resources": ["clusterorders/status"]}]}
+    (await stack.hub_http.put("/lab/v1/faults/api", json=failing)).raise_for_status()
+    try:
+        await stack.apply(order, {"bm-standard": 2}, api)  # status changes the hub will not take
+
+        async def second_pause() -> list[HistoryEvent] | None:
+            events = list((await handle.fetch_history()).events)
+            pauses = [e for e in events if _timer_started(e, lasting=FAILED_STATUS_WRITE_PAUSE)]
+            return events if len(pauses) >= 2 else None
+
+        events = await eventually(second_pause, "a second wait after a failed status write", timeout=300)
+        first, second = [e.event_id for e in events if _timer_started(e, lasting=FAILED_STATUS_WRITE_PAUSE)][
+            :2
+        ]
+        assert (
+            len([e for e in events if _failed_status_write(e) and e.event_id < first])
+            == STATUS_WRITE_ATTEMPTS
+        )
+        between = [e for e in events if _failed_status_write(e) and first < e.event_id < second]
+        assert len(between) == 1, f"{len(between)} attempts between the waits after a failed write"
+        await api.decommission(order)
+        final = await asyncio.wait_for(api.wait_finished(order), 180)
+    finally:
+        (await stack.hub_http.delete("/lab/v1/faults/api")).raise_for_status()
+    assert final.finished and final.workers == []
+    assert await stack.bmis(order) == []
+    history = await handle.fetch_history()
+    events = list(history.events)
+    fired = _fired(events)
+    (give_up,) = [e.event_id for e in events if _timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
+    assert give_up in fired, "the failing last write was given up before its timer"
+    tried = [e.event_id for e in events if _failed_status_write(e) and give_up < e.event_id]
+    assert tried, "the last write was never tried"
+    pauses = [e.event_id for e in events if _timer_started(e, lasting=FAILED_STATUS_WRITE_PAUSE)]
+    waiting = [p for p in pauses if p < give_up and fired.get(p, give_up + 1) > give_up]
+    if waiting:  # the decommission ended while the publisher waited: that wait did not hold the write
+        assert tried[0] < fired.get(waiting[-1], tried[0] + 1)
+    await _replays_as_it_ran(stack, order, ClusterPatch.STATUS_WRITES_PACED)
 
 
 async def test_a_node_set_of_a_withdrawn_instance_type_can_still_be_lowered(stack: Stack) -> None:

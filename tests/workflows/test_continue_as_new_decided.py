@@ -29,8 +29,7 @@ from contracts.refs import OrderRef
 from contracts.worker import WorkerReport, WorkerReports, WorkerStatus
 from contracts.workflows import ClusterWorkersStatus
 from tests.conftest import start_dev_server
-from tests.workflows import write_gate
-from tests.workflows.held_queries import QueriesAfterWrites
+from tests.workflows import held_queries
 from tests.workflows.stack import (
     Stack,
     eventually,
@@ -87,7 +86,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             env.client, tmp_path_factory.mktemp("decided"), in_process_worker=False
         ) as running:
             config = running.client.config()
-            config["interceptors"] = [*config["interceptors"], QueriesAfterWrites()]
+            config["interceptors"] = [*config["interceptors"], held_queries.QueriesAfterWrites()]
             worker_client = Client(**config)
             async with open_backends(running.settings) as backends:
                 backends.hub = HeldStatusWrites(backends.kube)
@@ -137,7 +136,7 @@ async def _write_answering_a_query(
     the run, its size before, and the sizes W and F began at; None if that is not how it went."""
     handle = stack.api.handle(order)
     run_id, before = await _quiet(handle)
-    ended = write_gate.query_waits_for = threading.Event()
+    ended = held_queries.query_waits_for = threading.Event()
     try:
         release = HeldStatusWrites.hold(ended)
         await handle.signal(ClusterWorkersWorkflow.worker_reports, _reports(ready, 0))
@@ -151,7 +150,7 @@ async def _write_answering_a_query(
         await query
         await _quiet(handle)
     finally:
-        write_gate.query_waits_for = None
+        held_queries.query_waits_for = None
         HeldStatusWrites.ended = None
     history = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
     starts = _task_starts(list(history.events))

@@ -246,9 +246,10 @@ def _recorded() -> list[WorkflowHistory]:
     (ACTIVITY_REPORTS, before the cluster workflow's `ClusterPatch`es), revision-2-patched
     (ACTIVITY_REPORTS, with them), revision-3-before-security-groups (AGENT_HANDED_IN_WAIT, with
     the patches up to ready-hosts-checked), revision-3-before-leavers-looked-after (recorded on
-    63ed246, before the patch stopped-leavers-restarted) and
+    63ed246, before the patch stopped-leavers-restarted),
     revision-3-before-continue-as-new-on-recorded-events (recorded on 36fd7ec, which read the
-    server's continue-as-new suggestion live)."""
+    server's continue-as-new suggestion live) and revision-3-before-status-writes-paced (recorded on
+    9c977c8, before the patch status-writes-paced)."""
     files = sorted(f for f in HISTORIES.glob("**/*.json") if REGRESSIONS not in f.parents)
     names = {str(f.relative_to(HISTORIES).with_suffix("")) for f in files}
     prefixes = (
@@ -259,6 +260,7 @@ def _recorded() -> list[WorkflowHistory]:
         "revision-3-before-security-groups/",
         "revision-3-before-leavers-looked-after/",
         "revision-3-before-continue-as-new-on-recorded-events/",
+        "revision-3-before-status-writes-paced/",
     )
     expected = {f"{prefix}{kind}" for prefix in prefixes for kind in ("cluster-workers", "worker")}
     assert names == expected, "recorded histories are missing"
