@@ -299,7 +299,10 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     order showing FulfillmentServiceUnavailable (recorded on 93a8bd2, where that path began). And an
     order whose Ready workers' hosts broke or were deleted, with its broken worker, from before a
     lost host's worker left as a scale-down does (recorded on 4073a3f: it failed and came back in its
-    slot); without patches lost-host-leaves and lost-hosts-replaced-by-new-workers, both fail."""
+    slot); without patches lost-host-leaves and lost-hosts-replaced-by-new-workers, both fail. And
+    an order whose status writes the hub failed with 500 from a scale-up to its decommission's end
+    (recorded on 9c977c8: a round of attempts every 90 s, the last write given up untried while
+    the publisher slept); without patch status-writes-paced it fails."""
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)
