@@ -251,12 +251,15 @@ class ClusterPatch(StrEnum):
     # resumed the run (workflows.continue_as_new); before, it read the suggestion live, also in a
     # task the SDK forced for a status write's result, which replay does not see.
     CONTINUE_AS_NEW_ON_RECORDED_EVENTS = "continue-as-new-on-recorded-events"
-    # Status writes the hub fails (5xx, unanswered) are told from writes it refuses (the activity's
-    # non-retryable error): after a first failed round of STATUS_WRITE_ATTEMPTS a write is made
-    # once a minute, not a round each time; a run's last write is tried until its give-up timer
-    # (only a refusal gives it up sooner), at once if it begins while the publisher waits after a
-    # failure. That wait is a timer never cancelled: a write's result can come a task later live
-    # than in replay, and a cancel of a timer started on it could then fall in another task.
+    # A status write is one attempt, and the publisher retries a failed one itself: after 1, 2, 4,
+    # 8 and 16 s (STATUS_WRITE_ATTEMPTS in all, as the SDK retried a call), then once a minute,
+    # where a round of SDK retries was made every 90 s. A run's last write is tried right after
+    # the write under way, even while the publisher waits after a failure, and until its give-up
+    # timer: only the hub refusing that write (the activity's non-retryable error) gives it up
+    # sooner, not an earlier write's refusal nor a failure (5xx, unanswered). The publisher's waits
+    # are timers never cancelled (nor is a retry's backoff, which the SDK ran on a timer the give-up
+    # cancelled): a write's result can come a task later live than in replay, and a cancel of a
+    # timer started on it could then fall in another task.
     STATUS_WRITES_PACED = "status-writes-paced"
 
 
@@ -266,8 +269,8 @@ class ClusterPatch(StrEnum):
 # the writes for days would otherwise grow the history with no look, up to the server's limit.
 STATUS_WRITE_ATTEMPTS = attempts_before_shown(timedelta(seconds=30))
 
-# How long the publisher waits after a failed status write before the next one, and the summary of
-# that timer (STATUS_WRITES_PACED) as the Web UI shows it.
+# How long the publisher waits after a status write that keeps failing before the next one, and the
+# summary of its waits after a failed write (STATUS_WRITES_PACED) as the Web UI shows them.
 FAILED_STATUS_WRITE_PAUSE = CALL_RETRY.maximum_interval or timedelta(seconds=60)
 FAILED_STATUS_WRITE_PAUSE_SUMMARY = "Wait after a failed status write"
 
@@ -305,9 +308,9 @@ class ClusterWorkersWorkflow:
         self._events: list[EventInput] = list(carried.events)
         self._events_in_flight: list[EventInput] = []  # taken by the status write under way
         self._publish_failures = 0  # status writes failed so far (see _flush_status)
-        self._publish_refusals = 0  # of which the hub refused (STATUS_WRITES_PACED)
         self._status_writes_paced = False
-        self._status_writes_failing = False  # the last write failed (STATUS_WRITES_PACED)
+        self._failed_writes_in_a_row = 0  # STATUS_WRITES_PACED
+        self._last_write_refused = False  # STATUS_WRITES_PACED
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -1782,7 +1785,10 @@ class ClusterWorkersWorkflow:
                     and (self._publish_until is None or self._published_generation < self._publish_until)
                 )
             )
-            if self._input.policy.status_coalesce:
+            if self._input.policy.status_coalesce and self._status_writes_paced:
+                await _sleep_never_cancelled(self._input.policy.status_coalesce)
+                self._history_limit.look()
+            elif self._input.policy.status_coalesce:
                 await workflow.sleep(self._input.policy.status_coalesce)
                 self._history_limit.look()
             generation = self._status_generation
@@ -1801,28 +1807,29 @@ class ClusterWorkersWorkflow:
                 self._events_in_flight = []
                 self._publish_failures += 1
                 if self._status_writes_paced:
-                    if _refused(err):
-                        self._publish_refusals += 1
-                    self._status_writes_failing = True
-                    await self._pause_after_a_failed_write(last_write)
+                    self._last_write_refused = last_write and _refused(err)
+                    await self._wait_after_a_failed_write(last_write)
                 else:
                     await workflow.sleep(FAILED_STATUS_WRITE_PAUSE)
                     self._history_limit.look()  # a hub failing the writes for days: the run still ends
                 continue
             self._events_in_flight = []
             self._published_generation = generation
-            self._status_writes_failing = False
+            self._failed_writes_in_a_row = 0
 
-    async def _pause_after_a_failed_write(self, last_write: bool) -> None:
-        """FAILED_STATUS_WRITE_PAUSE on a timer never cancelled, cut short by a run's last write
-        beginning (unless the failed write was that one)."""
-        pause = asyncio.ensure_future(
-            workflow.sleep(FAILED_STATUS_WRITE_PAUSE, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY)
-        )
-        await workflow.wait_condition(
-            lambda: pause.done() or (self._publish_until is not None and not last_write)
-        )
-        if pause.done():
+    async def _wait_after_a_failed_write(self, last_write: bool) -> None:
+        """As CALL_RETRY backs off for the first STATUS_WRITE_ATTEMPTS, then FAILED_STATUS_WRITE_PAUSE;
+        cut short by a run's last write beginning, unless the failed write was that one."""
+        self._failed_writes_in_a_row += 1
+        failed = self._failed_writes_in_a_row
+        wait = FAILED_STATUS_WRITE_PAUSE
+        if failed < STATUS_WRITE_ATTEMPTS:
+            wait = min(wait, CALL_RETRY.initial_interval * CALL_RETRY.backoff_coefficient ** (failed - 1))
+        if await _sleep_never_cancelled(
+            wait,
+            summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY,
+            cut_short=lambda: self._publish_until is not None and not last_write,
+        ):
             self._history_limit.look()  # a hub failing the writes for days: the run still ends
 
     async def _publish(self, status: ClusterWorkersStatus, events: list[EventInput]) -> None:
@@ -1846,12 +1853,8 @@ class ClusterWorkersWorkflow:
         )
 
     def _status_write_attempts(self) -> int:
-        """A write's attempts in a run that keeps the suggestion to continue as new (0: no limit)."""
-        if not self._status_writes_paced:
-            return STATUS_WRITE_ATTEMPTS
-        if self._publish_until is not None:
-            return 0  # the run's last write: until the give-up timer cancels it
-        return 1 if self._status_writes_failing else STATUS_WRITE_ATTEMPTS
+        """A write's attempts in a run that keeps the suggestion to continue as new."""
+        return 1 if self._status_writes_paced else STATUS_WRITE_ATTEMPTS
 
     async def _flush_status(self, publisher: asyncio.Future[None], *, or_give_up: bool = False) -> None:
         """Write the latest status, then stop the publisher. `or_give_up`: a write refused, or not
@@ -1870,12 +1873,13 @@ class ClusterWorkersWorkflow:
             give_up = asyncio.ensure_future(
                 workflow.sleep(self._input.policy.call_timeout, summary=STATUS_FLUSH_GIVE_UP)
             )
-            # Paced: only a refusal gives the write up before its timer; a failing one is tried on.
-            refusals = self._publish_refusals
+            # Paced: only its own refusal gives the write up before its timer; a failing one is
+            # tried on, backing off from the start again.
+            self._failed_writes_in_a_row = 0
 
             def given_up() -> bool:
                 if self._status_writes_paced:
-                    return self._publish_refusals > refusals
+                    return self._last_write_refused
                 return self._publish_failures > failures
 
             await workflow.wait_condition(
@@ -2038,6 +2042,16 @@ class ClusterWorkersWorkflow:
 def _tell_again_at(quiet_looks: int) -> bool:
     """The 1st, 2nd, 4th and 8th quiet look in a row, then every 12th."""
     return quiet_looks in (1, 2, 4, 8) or quiet_looks % 12 == 0
+
+
+async def _sleep_never_cancelled(
+    duration: timedelta, *, summary: str | None = None, cut_short: Callable[[], bool] = lambda: False
+) -> bool:
+    """Wait `duration` on a timer that is not cancelled when this wait is cancelled or cut short
+    (`cut_short` returns True): it is left to fire. Whether it fired."""
+    timer = asyncio.ensure_future(workflow.sleep(duration, summary=summary))
+    await workflow.wait_condition(lambda: timer.done() or cut_short())
+    return timer.done()
 
 
 def _refused(err: ActivityError | ApplicationError) -> bool:

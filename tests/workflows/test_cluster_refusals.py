@@ -40,6 +40,7 @@ from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, 
 from worker.main import build_workers, open_backends
 from workflows.cluster_workers import (
     FAILED_STATUS_WRITE_PAUSE,
+    FAILED_STATUS_WRITE_PAUSE_SUMMARY,
     STATUS_FLUSH_GIVE_UP,
     STATUS_WRITE_ATTEMPTS,
     ClusterPatch,
@@ -272,9 +273,9 @@ async def test_an_infraenv_delete_refused_at_the_end_of_a_decommission_still_end
 
 
 async def test_a_final_status_write_refused_at_the_end_of_a_decommission_still_ends_it(stack: Stack) -> None:
-    """The hub refuses every status write from the decommission on: the last one is given up after
-    its call timeout and the workflow completes, instead of retrying until the history limit while
-    the controller keeps the deleting order's finalizer."""
+    """The hub refuses every status write from the decommission on: the last one is given up at its
+    refusal and the workflow completes, instead of retrying until the history limit while the
+    controller keeps the deleting order's finalizer."""
     api = stack.with_policy(call_timeout=timedelta(seconds=10))
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1}, api)
@@ -289,11 +290,15 @@ async def test_a_final_status_write_refused_at_the_end_of_a_decommission_still_e
     assert Refusals.counts[(HubActivity.PUBLISH_ORDER_STATUS, order.key)] >= 1
     assert await stack.bmis(order) == []
     await _replays_as_it_ran(stack, order, ClusterPatch.DECOMMISSION_ENDS_PAST_REFUSALS)
-    # A refusal gives the last write up at once, tried at once though the publisher was waiting a
-    # minute after the first refusal: its give-up timer never fired.
+    # The last write is tried at once, though the publisher waited after an earlier refusal, and
+    # its own refusal gives it up: its give-up timer never fired.
     events = list((await stack.api.handle(order).fetch_history()).events)
     (give_up,) = [e.event_id for e in events if _timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
+    assert [e for e in events if _failed_status_write(e) and e.event_id > give_up], (
+        "the last write was not tried"
+    )
     assert give_up not in _fired(events), "the refused last write was tried until its give-up timer"
+    assert _publishers_timers_cancelled(events) == []
 
 
 def _timer_started(
@@ -332,11 +337,12 @@ def _failed_status_write(event: HistoryEvent) -> bool:
 async def test_a_status_write_the_hub_keeps_failing_is_made_once_a_minute_and_a_last_one_until_given_up(
     stack: Stack,
 ) -> None:
-    """The hub answers every status write with a 500. After a first round of STATUS_WRITE_ATTEMPTS
-    a write is made once a minute, not a round each time (about six requests every 90 s before).
+    """The hub answers every status write with a 500. After STATUS_WRITE_ATTEMPTS backing off, a
+    write is made once a minute, not a round each time (about six requests every 90 s before).
     The decommission's last write, beginning while the publisher waits after a failure, is tried
     at once and until its give-up timer: before, the failing round counted as a refusal and gave
-    it up, or the publisher's minute-long wait outlasted the give-up and it was not tried at all."""
+    it up, or the publisher's minute-long wait outlasted the give-up and it was not tried at all.
+    No wait of the publisher's, nor a retry's backoff, is a timer cancelled."""
     api = stack.with_policy(call_timeout=timedelta(seconds=10))
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1}, api)
@@ -349,13 +355,10 @@ async def test_a_status_write_the_hub_keeps_failing_is_made_once_a_minute_and_a_
 
         async def second_pause() -> list[HistoryEvent] | None:
             events = list((await handle.fetch_history()).events)
-            pauses = [e for e in events if _timer_started(e, lasting=FAILED_STATUS_WRITE_PAUSE)]
-            return events if len(pauses) >= 2 else None
+            return events if len(_minute_waits(events)) >= 2 else None
 
         events = await eventually(second_pause, "a second wait after a failed status write", timeout=300)
-        first, second = [e.event_id for e in events if _timer_started(e, lasting=FAILED_STATUS_WRITE_PAUSE)][
-            :2
-        ]
+        first, second = _minute_waits(events)[:2]
         assert (
             len([e for e in events if _failed_status_write(e) and e.event_id < first])
             == STATUS_WRITE_ATTEMPTS
@@ -374,12 +377,47 @@ async def test_a_status_write_the_hub_keeps_failing_is_made_once_a_minute_and_a_
     (give_up,) = [e.event_id for e in events if _timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
     assert give_up in fired, "the failing last write was given up before its timer"
     tried = [e.event_id for e in events if _failed_status_write(e) and give_up < e.event_id]
-    assert tried, "the last write was never tried"
-    pauses = [e.event_id for e in events if _timer_started(e, lasting=FAILED_STATUS_WRITE_PAUSE)]
-    waiting = [p for p in pauses if p < give_up and fired.get(p, give_up + 1) > give_up]
+    assert len(tried) >= 2, f"the last write was tried {len(tried)} time(s) before its give-up"
+    waiting = [p for p in _minute_waits(events) if p < give_up and fired.get(p, give_up + 1) > give_up]
     if waiting:  # the decommission ended while the publisher waited: that wait did not hold the write
         assert tried[0] < fired.get(waiting[-1], tried[0] + 1)
+    assert _publishers_timers_cancelled(events) == []
     await _replays_as_it_ran(stack, order, ClusterPatch.STATUS_WRITES_PACED)
+
+
+def _minute_waits(events: list[HistoryEvent]) -> list[int]:
+    """The publisher's waits of a minute after a failed write (started events)."""
+    return [
+        e.event_id
+        for e in events
+        if _timer_started(e, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY, lasting=FAILED_STATUS_WRITE_PAUSE)
+    ]
+
+
+def _publishers_timers_cancelled(events: list[HistoryEvent]) -> list[int]:
+    """Timers cancelled that the publisher started: its waits, a give-up, or a retry's backoff (a
+    timer started in the same workflow task as a failed write's marker)."""
+    by_id = {e.event_id: e for e in events}
+    cancelled = [
+        e.timer_canceled_event_attributes.started_event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED
+    ]
+    found = []
+    for started in cancelled:
+        event = by_id[started]
+        if _timer_started(event, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY) or _timer_started(
+            event, summary=STATUS_FLUSH_GIVE_UP
+        ):
+            found.append(started)
+            continue
+        before = started - 1
+        while before in by_id and by_id[before].event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            if _failed_status_write(by_id[before]):
+                found.append(started)
+                break
+            before -= 1
+    return found
 
 
 async def test_a_node_set_of_a_withdrawn_instance_type_can_still_be_lowered(stack: Stack) -> None:
