@@ -273,6 +273,8 @@ STATUS_WRITE_ATTEMPTS = attempts_before_shown(timedelta(seconds=30))
 # summary of its waits after a failed write (STATUS_WRITES_PACED) as the Web UI shows them.
 FAILED_STATUS_WRITE_PAUSE = CALL_RETRY.maximum_interval or timedelta(seconds=60)
 FAILED_STATUS_WRITE_PAUSE_SUMMARY = "Wait after a failed status write"
+# The summary of a `status_coalesce` window (STATUS_WRITES_PACED).
+STATUS_COALESCE_SUMMARY = "Gather status changes"
 
 # The summary of a last status write's give-up timer (LAST_STATUS_WRITE_FIXED), as the Web UI shows it.
 STATUS_FLUSH_GIVE_UP = "Give up the last status write"
@@ -311,6 +313,7 @@ class ClusterWorkersWorkflow:
         self._status_writes_paced = False
         self._failed_writes_in_a_row = 0  # STATUS_WRITES_PACED
         self._last_write_refused = False  # STATUS_WRITES_PACED
+        self._publishing_stopped = False  # the last write is over (_flush_status)
         self._changed = True
         # Status writes: every change bumps the generation, the publisher catches up in batches.
         self._status_generation = 1
@@ -1786,7 +1789,9 @@ class ClusterWorkersWorkflow:
                 )
             )
             if self._input.policy.status_coalesce and self._status_writes_paced:
-                await _sleep_never_cancelled(self._input.policy.status_coalesce)
+                await _sleep_never_cancelled(
+                    self._input.policy.status_coalesce, summary=STATUS_COALESCE_SUMMARY
+                )
                 self._history_limit.look()
             elif self._input.policy.status_coalesce:
                 await workflow.sleep(self._input.policy.status_coalesce)
@@ -1807,6 +1812,8 @@ class ClusterWorkersWorkflow:
                 self._events_in_flight = []
                 self._publish_failures += 1
                 if self._status_writes_paced:
+                    if self._publishing_stopped:
+                        return  # given up by the flush, whose cancel ends the write as a failure
                     self._last_write_refused = last_write and _refused(err)
                     await self._wait_after_a_failed_write(last_write)
                 else:
@@ -1820,6 +1827,8 @@ class ClusterWorkersWorkflow:
     async def _wait_after_a_failed_write(self, last_write: bool) -> None:
         """As CALL_RETRY backs off for the first STATUS_WRITE_ATTEMPTS, then FAILED_STATUS_WRITE_PAUSE;
         cut short by a run's last write beginning, unless the failed write was that one."""
+        if self._publish_until is not None and not last_write:
+            return  # a last write began meanwhile: it is tried at once, backing off from the start
         self._failed_writes_in_a_row += 1
         failed = self._failed_writes_in_a_row
         wait = FAILED_STATUS_WRITE_PAUSE
@@ -1890,6 +1899,7 @@ class ClusterWorkersWorkflow:
                 await workflow.wait_condition(flushed, timeout=self._input.policy.call_timeout)
         else:
             await workflow.wait_condition(flushed)
+        self._publishing_stopped = True
         publisher.cancel()
 
     async def _continue_as_new(self, publisher: asyncio.Future[None]) -> None:

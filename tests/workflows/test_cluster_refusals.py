@@ -38,9 +38,11 @@ from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, worker_wor
 from starter.api import CommandError, WorkersApi
 from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, replay_clean, running_stack
 from worker.main import build_workers, open_backends
+from workflows.activity_calls import CALL_RETRY
 from workflows.cluster_workers import (
     FAILED_STATUS_WRITE_PAUSE,
     FAILED_STATUS_WRITE_PAUSE_SUMMARY,
+    STATUS_COALESCE_SUMMARY,
     STATUS_FLUSH_GIVE_UP,
     STATUS_WRITE_ATTEMPTS,
     ClusterPatch,
@@ -342,8 +344,9 @@ async def test_a_status_write_the_hub_keeps_failing_is_made_once_a_minute_and_a_
     The decommission's last write, beginning while the publisher waits after a failure, is tried
     at once and until its give-up timer: before, the failing round counted as a refusal and gave
     it up, or the publisher's minute-long wait outlasted the give-up and it was not tried at all.
-    No wait of the publisher's, nor a retry's backoff, is a timer cancelled."""
-    api = stack.with_policy(call_timeout=timedelta(seconds=10))
+    No wait of the publisher's (a status coalesce window included), nor a retry's backoff, is a
+    timer cancelled."""
+    api = stack.with_policy(call_timeout=timedelta(seconds=10), status_coalesce=timedelta(seconds=1))
     order = await stack.create_order({"bm-standard": 1})
     await stack.apply(order, {"bm-standard": 1}, api)
     await _ready(stack, order, 1)
@@ -395,26 +398,29 @@ def _minute_waits(events: list[HistoryEvent]) -> list[int]:
 
 
 def _publishers_timers_cancelled(events: list[HistoryEvent]) -> list[int]:
-    """Timers cancelled that the publisher started: its waits, a give-up, or a retry's backoff (a
-    timer started in the same workflow task as a failed write's marker)."""
+    """Timers cancelled that the publisher started: its waits and coalesce windows, a give-up, or a
+    retry's backoff (no summary, CALL_RETRY's length, started in the task of a failed write)."""
     by_id = {e.event_id: e for e in events}
-    cancelled = [
-        e.timer_canceled_event_attributes.started_event_id
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_TIMER_CANCELED
-    ]
+    backoffs = {CALL_RETRY.initial_interval * CALL_RETRY.backoff_coefficient**k for k in range(6)}
+    backoffs.add(FAILED_STATUS_WRITE_PAUSE)
     found = []
-    for started in cancelled:
-        event = by_id[started]
-        if _timer_started(event, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY) or _timer_started(
-            event, summary=STATUS_FLUSH_GIVE_UP
-        ):
-            found.append(started)
+    for event in events:
+        if event.event_type != EventType.EVENT_TYPE_TIMER_CANCELED:
             continue
-        before = started - 1
+        started = by_id[event.timer_canceled_event_attributes.started_event_id]
+        if any(
+            _timer_started(started, summary=summary)
+            for summary in (FAILED_STATUS_WRITE_PAUSE_SUMMARY, STATUS_COALESCE_SUMMARY, STATUS_FLUSH_GIVE_UP)
+        ):
+            found.append(started.event_id)
+            continue
+        lasting = started.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        if started.user_metadata.summary.data or lasting not in backoffs:
+            continue
+        before = started.event_id - 1
         while before in by_id and by_id[before].event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             if _failed_status_write(by_id[before]):
-                found.append(started)
+                found.append(started.event_id)
                 break
             before -= 1
     return found
