@@ -263,10 +263,12 @@ class ClusterPatch(StrEnum):
     STATUS_WRITES_PACED = "status-writes-paced"
 
 
-# A status write's attempts (about 30 s of the SDK's retries, each on a timer), after which a run
-# that keeps the continue-as-new suggestion (CONTINUE_AS_NEW_ON_RECORDED_EVENTS) has it back in the
-# publisher, which tries again after its own timer and looks at the suggestion there: a hub failing
-# the writes for days would otherwise grow the history with no look, up to the server's limit.
+# A status write's attempts in a row backing off as CALL_RETRY does (about 30 s), before the
+# publisher waits a minute between them. In a run that keeps the continue-as-new suggestion
+# (CONTINUE_AS_NEW_ON_RECORDED_EVENTS) and does not pace the writes, the SDK's retries of one write,
+# after which it is back in the publisher, which tries again after its own timer and looks at the
+# suggestion there: a hub failing the writes for days would otherwise grow the history with no
+# look, up to the server's limit. A paced run makes each attempt itself (STATUS_WRITES_PACED).
 STATUS_WRITE_ATTEMPTS = attempts_before_shown(timedelta(seconds=30))
 
 # How long the publisher waits after a status write that keeps failing before the next one, and the
