@@ -46,14 +46,20 @@ from tests.starter.harness import (
     RunningController,
     bare_metal,
     cli_env,
-    condition,
     get_order,
     order_body,
     patch_order,
-    wait_condition,
     wait_observed,
 )
-from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, running_stack
+from tests.workflows.stack import (
+    AGENT_API,
+    INSTANCE_TYPES,
+    Stack,
+    condition,
+    eventually,
+    running_stack,
+    wait_condition,
+)
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
 CLI = str(Path(sys.executable).parent / "osac-workers")

@@ -205,13 +205,6 @@ async def remove_condition(stack: Stack, ref: OrderRef, kind: str) -> None:
     response.raise_for_status()
 
 
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return dict(cond)
-    return None
-
-
 def finalizers(obj: dict[str, Any] | None) -> list[str]:
     return list(((obj or {}).get("metadata") or {}).get("finalizers") or [])
 
@@ -226,16 +219,6 @@ async def wait_observed(stack: Stack, running: RunningController, ref: OrderRef,
         return running.controller.observed.get(ref.key) == version
 
     await eventually(probe, f"the controller to have reconciled {ref.key}", timeout)
-
-
-async def wait_condition(
-    stack: Stack, ref: OrderRef, kind: str, status: str, timeout: float = 60
-) -> dict[str, Any]:
-    async def probe() -> dict[str, Any] | None:
-        cond = condition(await get_order(stack, ref), kind)
-        return cond if cond is not None and cond.get("status") == status else None
-
-    return await eventually(probe, f"{kind}={status} on {ref.key}", timeout)
 
 
 # ----------------------------------------------------------------------------------- temporal

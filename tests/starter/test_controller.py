@@ -31,7 +31,6 @@ from tests.starter.harness import (
     UNMANAGED,
     RunningController,
     bare_metal,
-    condition,
     create_order,
     delete_order,
     finalizers,
@@ -43,12 +42,11 @@ from tests.starter.harness import (
     run_id,
     terminate_cluster_workflow,
     update_names,
-    wait_condition,
     wait_observed,
     wait_ready,
     workflow_state,
 )
-from tests.workflows.stack import PULL_SECRET, Stack, eventually
+from tests.workflows.stack import PULL_SECRET, Stack, condition, eventually, wait_condition
 from worker.telemetry import build_runtime
 
 

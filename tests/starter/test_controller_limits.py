@@ -7,7 +7,7 @@ from starter.api import WorkersApi
 from starter.operations import OrderOperations
 from starter.orders import HubOrders
 from starter.validation import InstanceTypeCatalog
-from tests.starter.harness import bare_metal, create_order, get_order, patch_order, start_controller
+from tests.starter.harness import bare_metal, create_order, patch_order, start_controller
 from tests.workflows.stack import Stack, eventually
 
 
@@ -44,11 +44,8 @@ async def test_a_lowered_maximum_does_not_refuse_a_live_order_started_under_the_
         gen = written["metadata"]["generation"]
 
         async def judged() -> dict | None:
-            obj = await get_order(stack, order)
-            for cond in (obj or {}).get("status", {}).get("conditions") or []:
-                if cond["type"] == "NodeRequestsValid" and cond.get("observedGeneration") == gen:
-                    return cond
-            return None
+            cond = await stack.order_condition(order, "NodeRequestsValid")
+            return cond if cond is not None and cond.get("observedGeneration") == gen else None
 
         cond = await eventually(judged, "the controller's verdict on the change")
         assert cond["status"] == "True", cond

@@ -19,7 +19,6 @@ from tests.starter.harness import (
     FINALIZER,
     OSAC_FINALIZER,
     bare_metal,
-    condition,
     controller,
     create_order,
     delete_order,
@@ -35,12 +34,11 @@ from tests.starter.harness import (
     start_controller,
     terminate_cluster_workflow,
     update_names,
-    wait_condition,
     wait_observed,
     wait_ready,
     workflow_state,
 )
-from tests.workflows.stack import Stack, eventually
+from tests.workflows.stack import Stack, condition, eventually, wait_condition
 
 # The apply timeout of controllers whose apply a test holds at a gate or slows down: the hold is
 # inside the timeout, and on a loaded machine the other controller's work may outlast 30 s.

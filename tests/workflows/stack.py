@@ -85,6 +85,26 @@ def fast_policy(**overrides: Any) -> TimingPolicy:
     return TimingPolicy(**base)
 
 
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    """The condition of that type in a ClusterOrder as read from the hub."""
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+async def wait_condition(
+    stack: Stack, ref: OrderRef, kind: str, status: str, timeout: float = 60
+) -> dict[str, Any]:
+    """Until the ClusterOrder shows that condition with that status; the condition."""
+
+    async def probe() -> dict[str, Any] | None:
+        cond = await stack.order_condition(ref, kind)
+        return cond if cond is not None and cond.get("status") == status else None
+
+    return await eventually(probe, f"{kind}={status} on {ref.key}", timeout)
+
+
 async def eventually(
     probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 90.0, interval: float = 0.2
 ) -> T:
@@ -219,6 +239,16 @@ class Stack:
         response.raise_for_status()
         result: dict[str, Any] = response.json()
         return result
+
+    async def order_condition(self, order: OrderRef, kind: str) -> dict[str, Any] | None:
+        """The ClusterOrder's condition of that type (None: not there, or the order is gone)."""
+        response = await self.hub_http.get(
+            f"{CLUSTER_ORDERS}/namespaces/{order.namespace}/clusterorders/{order.name}"
+        )
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return condition(response.json(), kind)
 
     async def agents(self, namespace: str) -> list[dict[str, Any]]:
         response = await self.hub_http.get(f"{AGENT_API}/namespaces/{namespace}/agents")

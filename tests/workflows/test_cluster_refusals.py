@@ -11,7 +11,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 from temporalio import activity
@@ -131,13 +131,6 @@ async def _ready(stack: Stack, order: OrderRef, ready: int, timeout: float = 120
     return await eventually(probe, f"{ready} ready workers of {order.key}", timeout)
 
 
-async def _order_condition(stack: Stack, order: OrderRef, kind: str) -> dict[str, Any] | None:
-    """The condition as the ClusterOrder shows it (what the tenant and the controller see)."""
-    conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
-    found = [c for c in conditions if c.get("type") == kind]
-    return found[0] if found else None
-
-
 async def _replays_as_it_ran(stack: Stack, order: OrderRef, patch: ClusterPatch) -> None:
     """The order's (closed) workflow took the new path behind `patch`, and its history replays."""
     history = await stack.api.handle(order).fetch_history()
@@ -149,7 +142,7 @@ async def _replays_as_it_ran(stack: Stack, order: OrderRef, patch: ClusterPatch)
 async def _refusal_shown_and_asked_again(stack: Stack, order: OrderRef, kind: HubActivity) -> None:
     async def probe() -> bool:
         await _running(stack, order)
-        shown = await _order_condition(stack, order, "InfraEnvReady")
+        shown = await stack.order_condition(order, "InfraEnvReady")
         asked = Refusals.counts[(kind, order.key)]
         return shown is not None and shown["status"] == "False" and shown["reason"] == REFUSED and asked >= 2
 
@@ -203,7 +196,7 @@ async def test_a_refused_wait_for_a_recreated_infraenvs_image_is_shown_and_asked
 
     async def image_seen() -> bool:
         await _running(stack, order)
-        shown = await _order_condition(stack, order, "InfraEnvReady")
+        shown = await stack.order_condition(order, "InfraEnvReady")
         return shown is not None and shown["status"] == "True" and shown["reason"] == "ImageCreated"
 
     await eventually(image_seen, "InfraEnvReady=True/ImageCreated after the hub answered")

@@ -35,6 +35,7 @@ from tests.workflows.stack import (
     replay_clean,
     running_stack,
     scheduled_activities,
+    wait_condition,
 )
 from workflows.cluster_workers import ClusterPatch
 
@@ -105,14 +106,6 @@ async def _failed_with(stack: Stack, order: OrderRef, reason: FailureReason) -> 
     return await eventually(probe, f"a worker of {order.key} Failed with {reason.value}")
 
 
-async def _condition(stack: Stack, order: OrderRef, kind: str) -> dict[str, Any] | None:
-    obj = await stack.order_object(order)
-    for cond in obj.get("status", {}).get("conditions") or []:
-        if cond["type"] == kind:
-            return dict(cond)
-    return None
-
-
 CREATE = "POST /api/private/v1/baremetal_instances"
 LIST = "GET /api/private/v1/baremetal_instances"
 
@@ -162,7 +155,7 @@ async def test_no_free_hosts_backs_off_then_recovers(stack: Stack) -> None:
         assert failed.last_failure_message and "host" in failed.last_failure_message.lower()
 
         async def workers_failed_condition() -> dict[str, Any] | None:
-            cond = await _condition(stack, order, "WorkersFailed")
+            cond = await stack.order_condition(order, "WorkersFailed")
             return cond if cond and cond["status"] == "True" else None
 
         cond = await eventually(workers_failed_condition, "WorkersFailed=True on the ClusterOrder")
@@ -366,7 +359,7 @@ async def test_wipe_failure_stays_deleting_and_the_host_is_never_reused(stack: S
 
 async def _image_not_found(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
     async def shown() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "RHCOSImageNotFound")
+        cond = await stack.order_condition(order, "RHCOSImageNotFound")
         return cond if cond and cond["status"] == status else None
 
     found: dict[str, Any] = await eventually(shown, f"RHCOSImageNotFound={status} on the ClusterOrder")
@@ -428,7 +421,7 @@ async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stac
         await stack.apply(order, {"bm-standard": 1})
 
         async def refused() -> dict[str, Any] | None:
-            cond = await _condition(stack, order, "FulfillmentServiceUnavailable")
+            cond = await stack.order_condition(order, "FulfillmentServiceUnavailable")
             return cond if cond and cond["status"] == "True" else None
 
         cond = await eventually(refused, "FulfillmentServiceUnavailable=True on the ClusterOrder")
@@ -439,7 +432,7 @@ async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stac
     await stack.wait_ready(order, 1)
 
     async def answered() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, "FulfillmentServiceUnavailable")
+        cond = await stack.order_condition(order, "FulfillmentServiceUnavailable")
         return cond if cond and cond["status"] == "False" else None
 
     await eventually(answered, "FulfillmentServiceUnavailable=False once BMaaS answers")
@@ -447,15 +440,7 @@ async def test_bmaas_refusing_the_boot_image_lookup_is_waited_out_not_fatal(stac
 
 
 async def _service_condition(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
-    return await _condition_shown(stack, order, "FulfillmentServiceUnavailable", status)
-
-
-async def _condition_shown(stack: Stack, order: OrderRef, kind: str, status: str) -> dict[str, Any]:
-    async def shown() -> dict[str, Any] | None:
-        cond = await _condition(stack, order, kind)
-        return cond if cond and cond["status"] == status else None
-
-    return await eventually(shown, f"{kind}={status} on {order.key}")
+    return await wait_condition(stack, order, "FulfillmentServiceUnavailable", status, timeout=90)
 
 
 async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_out(stack: Stack) -> None:
@@ -947,7 +932,7 @@ async def test_no_host_is_allocated_for_a_node_set_whose_nodepool_is_not_there(s
 
 
 async def _nodepool_condition(stack: Stack, order: OrderRef, status: str) -> dict[str, Any]:
-    return await _condition_shown(stack, order, "NodePoolNotFound", status)
+    return await wait_condition(stack, order, "NodePoolNotFound", status, timeout=90)
 
 
 async def test_a_missing_nodepool_no_node_set_wants_any_more_is_shown_no_more(stack: Stack) -> None:

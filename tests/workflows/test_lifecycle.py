@@ -46,6 +46,7 @@ from tests.workflows.stack import (
     replay_clean,
     running_stack,
     scheduled_activities,
+    wait_condition,
 )
 from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
 from workflows.worker_node import registrations_cutoff
@@ -429,12 +430,7 @@ async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(
     response.raise_for_status()
     await stack.apply(order, {"bm-standard": 1})
 
-    async def waiting() -> dict | None:
-        conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
-        found = [c for c in conditions if c["type"] == "RHCOSImageNotFound" and c["status"] == "True"]
-        return found[0] if found else None
-
-    condition = await eventually(waiting, "RHCOSImageNotFound on the order")
+    condition = await wait_condition(stack, order, "RHCOSImageNotFound", "True", timeout=90)
     assert condition["reason"] == "ReleaseImageUnknown"
     assert "spec.releaseImage is not set" in condition["message"]
     assert (await stack.api.status(order)).workers == []
@@ -448,12 +444,8 @@ async def test_a_release_nobody_names_yet_waits_visibly_and_allocates_nothing(
         )
         response.raise_for_status()
 
-        async def found() -> bool:
-            conditions = (await stack.order_object(order)).get("status", {}).get("conditions") or []
-            return any(c["type"] == "RHCOSImageNotFound" and c["status"] == "False" for c in conditions)
-
         # Before any NodePool exists: the order's release is what was found.
-        await eventually(found, "the boot image of the order's release found")
+        await wait_condition(stack, order, "RHCOSImageNotFound", "False", timeout=90)
     response = await stack.hub_http.post(
         f"/apis/hypershift.openshift.io/v1beta1/namespaces/{order.namespace}/nodepools",
         json={
