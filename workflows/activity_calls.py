@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -37,14 +38,28 @@ WAIT_LIMIT = timedelta(days=365)
 ATTEMPTS_WHILE_FAILING = 30
 
 
+def call_backoff(failures: int) -> timedelta:
+    """The wait CALL_RETRY makes after `failures` (>= 1) failed attempts in a row."""
+    assert CALL_RETRY.maximum_interval is not None
+    interval = CALL_RETRY.initial_interval
+    for _ in range(failures - 1):
+        if interval >= CALL_RETRY.maximum_interval:
+            break
+        interval *= CALL_RETRY.backoff_coefficient
+    return min(interval, CALL_RETRY.maximum_interval)
+
+
 def attempts_before_shown(shown_after: timedelta) -> int:
     """How many attempts CALL_RETRY makes before the backoffs between them add up to `shown_after`:
-    a call given that many returns to its workflow, which shows that it keeps failing and calls again."""
-    waited, interval, attempts = timedelta(0), CALL_RETRY.initial_interval, 1
-    assert CALL_RETRY.maximum_interval is not None
+    a call given that many returns to its workflow, which shows that it keeps failing and calls again.
+    Once the backoff is at its longest the rest is counted, not stepped through (or grown: a policy's
+    `bmaas_failing_shown_after` of 45 min overflowed a timedelta, failing every BMaaS call's task)."""
+    waited, attempts = timedelta(0), 1
     while waited < shown_after:
-        waited += min(interval, CALL_RETRY.maximum_interval)
-        interval *= CALL_RETRY.backoff_coefficient
+        backoff = call_backoff(attempts)
+        if backoff == CALL_RETRY.maximum_interval:
+            return attempts + math.ceil((shown_after - waited) / backoff)
+        waited += backoff
         attempts += 1
     return attempts
 

@@ -14,6 +14,7 @@ from workflows.activity_calls import (
     CALL_RETRY,
     attempts_before_shown,
     bmaas_not_serving,
+    call_backoff,
     call_retry,
     ran_out_of_attempts,
 )
@@ -41,6 +42,9 @@ def _failed(cause: BaseException | None, retry_state: RetryState) -> ActivityErr
         (timedelta(seconds=1.5), 3),  # 1 + 2 s
         (timedelta(minutes=2), 8),  # 1 + 2 + 4 + 8 + 16 + 32 + 60 = 123 s
         (timedelta(minutes=5), 11),  # then at the 60 s maximum: 183, 243, 303 s
+        # Past 42 min the backoff, doubled on each step, overflowed a timedelta.
+        (timedelta(minutes=45), 51),  # 63 s, then 44 x 60 s
+        (timedelta(days=3650), 7 + 5_255_999),  # the longest a policy holds: 63 s, then the rest / 60 s
     ],
 )
 def test_a_call_gets_the_attempts_whose_backoffs_cover_the_time_before_an_outage_is_shown(
@@ -49,6 +53,11 @@ def test_a_call_gets_the_attempts_whose_backoffs_cover_the_time_before_an_outage
     assert CALL_RETRY.initial_interval == timedelta(seconds=1)
     assert CALL_RETRY.maximum_interval == timedelta(seconds=60)
     assert attempts_before_shown(shown_after) == attempts
+
+
+def test_the_backoff_after_failures_doubles_up_to_the_longest() -> None:
+    waits = [call_backoff(failures).total_seconds() for failures in (1, 2, 3, 6, 7, 8, 10_000_000)]
+    assert waits == [1, 2, 4, 32, 60, 60, 60]
 
 
 @pytest.mark.parametrize("error_type", sorted(NOT_SERVING_ERRORS))
