@@ -91,6 +91,7 @@ with workflow.unsafe.imports_passed_through():
         attempts_before_shown,
         bmaas_call_through_outages,
         call_activity,
+        call_backoff,
     )
     from workflows.continue_as_new import ContinueAsNewDue
     from workflows.metrics import record_order_counts
@@ -1829,17 +1830,17 @@ class ClusterWorkersWorkflow:
     async def _wait_after_a_failed_write(self, last_write: bool) -> None:
         """As CALL_RETRY backs off for the first STATUS_WRITE_ATTEMPTS, then FAILED_STATUS_WRITE_PAUSE;
         cut short by a run's last write beginning, unless the failed write was that one."""
-        if self._publish_until is not None and not last_write:
-            return  # a last write began meanwhile: it is tried at once, backing off from the start
+
+        def last_write_began() -> bool:
+            return self._publish_until is not None and not last_write
+
+        if last_write_began():
+            return  # it is tried at once, backing off from the start
         self._failed_writes_in_a_row += 1
         failed = self._failed_writes_in_a_row
-        wait = FAILED_STATUS_WRITE_PAUSE
-        if failed < STATUS_WRITE_ATTEMPTS:
-            wait = min(wait, CALL_RETRY.initial_interval * CALL_RETRY.backoff_coefficient ** (failed - 1))
+        wait = call_backoff(failed) if failed < STATUS_WRITE_ATTEMPTS else FAILED_STATUS_WRITE_PAUSE
         if await _sleep_never_cancelled(
-            wait,
-            summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY,
-            cut_short=lambda: self._publish_until is not None and not last_write,
+            wait, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY, cut_short=last_write_began
         ):
             self._history_limit.look()  # a hub failing the writes for days: the run still ends
 

@@ -85,6 +85,22 @@ def fast_policy(**overrides: Any) -> TimingPolicy:
     return TimingPolicy(**base)
 
 
+def timer_started(
+    event: HistoryEvent, *, summary: str | None = None, lasting: timedelta | None = None
+) -> bool:
+    """A TimerStarted event, of that summary (the Web UI's) and that length if given."""
+    if event.event_type != EventType.EVENT_TYPE_TIMER_STARTED:
+        return False
+    if (
+        lasting is not None
+        and event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() != lasting
+    ):
+        return False
+    return summary is None or (
+        event.user_metadata.summary.data != b"" and json.loads(event.user_metadata.summary.data) == summary
+    )
+
+
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     """The condition of that type in a ClusterOrder as read from the hub."""
     for cond in ((obj or {}).get("status") or {}).get("conditions") or []:

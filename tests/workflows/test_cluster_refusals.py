@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -36,9 +35,17 @@ from contracts.hub import (
 from contracts.refs import ClusterReference, OrderRef
 from contracts.workflows import ClusterWorkersStatus, NodeSetRequest, worker_workflow_id
 from starter.api import CommandError, WorkersApi
-from tests.workflows.stack import AGENT_API, INSTANCE_TYPES, Stack, eventually, replay_clean, running_stack
+from tests.workflows.stack import (
+    AGENT_API,
+    INSTANCE_TYPES,
+    Stack,
+    eventually,
+    replay_clean,
+    running_stack,
+    timer_started,
+)
 from worker.main import build_workers, open_backends
-from workflows.activity_calls import CALL_RETRY
+from workflows.activity_calls import call_backoff
 from workflows.cluster_workers import (
     FAILED_STATUS_WRITE_PAUSE,
     FAILED_STATUS_WRITE_PAUSE_SUMMARY,
@@ -288,27 +295,12 @@ async def test_a_final_status_write_refused_at_the_end_of_a_decommission_still_e
     # The last write is tried at once, though the publisher waited after an earlier refusal, and
     # its own refusal gives it up: its give-up timer never fired.
     events = list((await stack.api.handle(order).fetch_history()).events)
-    (give_up,) = [e.event_id for e in events if _timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
+    (give_up,) = [e.event_id for e in events if timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
     assert [e for e in events if _failed_status_write(e) and e.event_id > give_up], (
         "the last write was not tried"
     )
     assert give_up not in _fired(events), "the refused last write was tried until its give-up timer"
     assert _publishers_timers_cancelled(events) == []
-
-
-def _timer_started(
-    event: HistoryEvent, *, summary: str | None = None, lasting: timedelta | None = None
-) -> bool:
-    if event.event_type != EventType.EVENT_TYPE_TIMER_STARTED:
-        return False
-    if (
-        lasting is not None
-        and event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta() != lasting
-    ):
-        return False
-    return summary is None or (
-        event.user_metadata.summary.data != b"" and json.loads(event.user_metadata.summary.data) == summary
-    )
 
 
 def _fired(events: list[HistoryEvent]) -> dict[int, int]:
@@ -370,7 +362,7 @@ async def test_a_status_write_the_hub_keeps_failing_is_made_once_a_minute_and_a_
     history = await handle.fetch_history()
     events = list(history.events)
     fired = _fired(events)
-    (give_up,) = [e.event_id for e in events if _timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
+    (give_up,) = [e.event_id for e in events if timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
     assert give_up in fired, "the failing last write was given up before its timer"
     tried = [e.event_id for e in events if _failed_status_write(e) and give_up < e.event_id]
     assert len(tried) >= 2, f"the last write was tried {len(tried)} time(s) before its give-up"
@@ -386,7 +378,7 @@ def _minute_waits(events: list[HistoryEvent]) -> list[int]:
     return [
         e.event_id
         for e in events
-        if _timer_started(e, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY, lasting=FAILED_STATUS_WRITE_PAUSE)
+        if timer_started(e, summary=FAILED_STATUS_WRITE_PAUSE_SUMMARY, lasting=FAILED_STATUS_WRITE_PAUSE)
     ]
 
 
@@ -394,15 +386,14 @@ def _publishers_timers_cancelled(events: list[HistoryEvent]) -> list[int]:
     """Timers cancelled that the publisher started: its waits and coalesce windows, a give-up, or a
     retry's backoff (no summary, CALL_RETRY's length, started in the task of a failed write)."""
     by_id = {e.event_id: e for e in events}
-    backoffs = {CALL_RETRY.initial_interval * CALL_RETRY.backoff_coefficient**k for k in range(6)}
-    backoffs.add(FAILED_STATUS_WRITE_PAUSE)
+    backoffs = {call_backoff(failures) for failures in range(1, 8)}
     found = []
     for event in events:
         if event.event_type != EventType.EVENT_TYPE_TIMER_CANCELED:
             continue
         started = by_id[event.timer_canceled_event_attributes.started_event_id]
         if any(
-            _timer_started(started, summary=summary)
+            timer_started(started, summary=summary)
             for summary in (FAILED_STATUS_WRITE_PAUSE_SUMMARY, STATUS_COALESCE_SUMMARY, STATUS_FLUSH_GIVE_UP)
         ):
             found.append(started.event_id)

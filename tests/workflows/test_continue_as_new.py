@@ -30,6 +30,7 @@ from tests.workflows.stack import (
     replay_clean,
     running_stack,
     scheduled_activities,
+    timer_started,
 )
 from workflows.cluster_workers import STATUS_FLUSH_GIVE_UP, ClusterPatch, ClusterWorkersWorkflow
 
@@ -435,13 +436,7 @@ async def test_a_last_status_write_seen_a_task_later_replays(stack: Stack) -> No
     for run in runs:
         history = await stack.client.get_workflow_handle(cluster_id, run_id=run.run_id).fetch_history()
         events = history.events
-        give_up = [
-            e.event_id
-            for e in events
-            if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-            and e.user_metadata.summary.data
-            and json.loads(e.user_metadata.summary.data) == STATUS_FLUSH_GIVE_UP
-        ]
+        give_up = [e.event_id for e in events if timer_started(e, summary=STATUS_FLUSH_GIVE_UP)]
         assert len(give_up) == 1, f"run {run.run_id}: give-up timers {give_up}"
         cancelled = [
             e.timer_canceled_event_attributes.started_event_id
