@@ -1163,19 +1163,25 @@ class AssistedActivities:
 
     async def _hand(self, input: HandAgentInput, peers: list[KubeObject] | None = None) -> HandAgentResult:
         """`peers`: a fresh list of the InfraEnv's Agents taken just before, for the duplicate
-        check of the first try (a try after a conflict lists again)."""
+        check of the first try (a try after a conflict lists again). The Agent's copy in it is the
+        first try's too: the write is a compare-and-swap on its version, so a copy changed since
+        costs a conflict and a read, and the usual hand-off one read less."""
         selector = nodepool_selector(await self._read_nodepool(input.nodepool))
         ref = input.agent
+        listed = next((a for a in peers or () if meta(a).get("name") == ref.name), None)
         slot_label = label_value(input.worker)
         wanted_labels = {**selector, WORKER_LABEL: slot_label, OSAC_WORKER_NAME_LABEL: slot_label}
         spec: dict[str, Any] = {"approved": True, "role": "worker"}
         if input.hostname:
             spec["hostname"] = input.hostname
         for attempt in range(MAX_CONFLICT_RETRIES):
-            try:
-                agent = await self._kube.get(AGENTS, ref.namespace, ref.name)
-            except HubNotFound:
-                raise self._agent_gone(ref) from None
+            if attempt == 0 and listed is not None:
+                agent = listed
+            else:
+                try:
+                    agent = await self._kube.get(AGENTS, ref.namespace, ref.name)
+                except HubNotFound:
+                    raise self._agent_gone(ref) from None
             labels = labels_of(agent)
             # The slot label may be a hashed short form; the annotation carries the full slot name.
             owner, owner_name = _hand_off_marks(agent)

@@ -388,6 +388,39 @@ async def test_concurrent_hand_offs_of_one_agent_to_two_slots_let_exactly_one_wi
     assert agent["metadata"]["annotations"]["osac.openshift.io/worker"] == winner
 
 
+async def test_a_hand_off_after_a_match_writes_on_the_listed_copy_and_reads_only_after_a_conflict(
+    api, api_assisted, kit
+):
+    """The list the match was decided on holds the Agent: the hand-off's compare-and-swap is made on
+    that copy, with no read of its own. A copy changed since costs a conflict and one read, and what
+    changed meanwhile is kept."""
+    api.nodepool("np", SELECTOR)
+
+    def request(agent: str, worker: str) -> HandAgentInput:
+        return HandAgentInput(
+            agent=AgentRef(namespace=api.ns, name=agent),
+            nodepool=NodePoolRef(namespace=api.ns, name="np"),
+            worker=worker,
+        )
+
+    api.agent("host-a", kit.random_macs())
+    listed = api.get("Agent", "host-a")
+    gets = api.requests_by(kit.worker_user, "get", "agents.")
+    handed = await kit.run()(api_assisted._hand, request("host-a", "w-0"), [listed])
+    assert handed.changed and api.get("Agent", "host-a")["spec"]["approved"] is True
+    assert api.requests_by(kit.worker_user, "get", "agents.") == gets
+
+    api.agent("host-b", kit.random_macs())
+    stale = api.get("Agent", "host-b")
+    api.patch("Agent", "host-b", {"metadata": {"labels": {"example.com/changed-meanwhile": "yes"}}})
+    gets = api.requests_by(kit.worker_user, "get", "agents.")
+    handed = await kit.run()(api_assisted._hand, request("host-b", "w-1"), [listed, stale])
+    assert handed.changed
+    assert api.requests_by(kit.worker_user, "get", "agents.") == gets + 1
+    labels = api.get("Agent", "host-b")["metadata"]["labels"]
+    assert labels["example.com/changed-meanwhile"] == "yes" and labels["osac.openshift.io/worker"] == "w-1"
+
+
 async def test_hand_off_refuses_an_agent_annotated_for_another_slot(api, api_assisted, kit):
     """A long slot name is labelled in a hashed short form; the annotation with the full name counts too."""
     api.nodepool("np", SELECTOR)
