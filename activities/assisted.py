@@ -1532,7 +1532,7 @@ class AssistedActivities:
             )
             return ReleasedAgents(kept=[input.agent.name])
         current = await self._withdraw_unclaimed(input.agent, current)
-        await annotate_machine(self._kube, input.agent, current)
+        await annotate_machine(self._kube, input.agent, current, input.nodepool)
         await self._mark_removing(input.agent, current)
         await sync_replicas(self._kube, input.nodepool)
         await self.wait_agent_unbound(

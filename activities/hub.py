@@ -430,14 +430,17 @@ async def sync_replicas_now(kube: HubKube, nodepool: NodePoolRef) -> ReplicaSync
     )
 
 
-async def _machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject | None) -> list[KubeObject]:
+async def _machines_on(
+    kube: HubKube, agent: AgentRef, agent_object: KubeObject | None, nodepool: NodePoolRef | None
+) -> list[KubeObject]:
     """The Machines running this Agent, or installing it.
 
     The provider labels the Agent it claims with its AgentMachine's uid (agentMachineRef) and that
     AgentMachine's namespace (annotation agentMachineRefNamespace); its Machine owns the
     AgentMachine. The Machine itself gets the providerID only once the Agent is installed (CAPI
     copies it from a ready AgentMachine): an Agent still installing is found through its
-    AgentMachine; one whose references are gone, by the Machines' providerID."""
+    AgentMachine; one whose references are gone, by the Machines' providerID, in the namespaces
+    where the worker's NodePool keeps them."""
     provider_id = f"{AGENT_PROVIDER_ID_PREFIX}{agent.name}"
     uid = dig(agent_object or {}, "metadata", "labels", AGENT_MACHINE_REF_LABEL)
     namespace = dig(agent_object or {}, "metadata", "annotations", AGENT_MACHINE_NAMESPACE_ANNOTATION)
@@ -445,8 +448,24 @@ async def _machines_on(kube: HubKube, agent: AgentRef, agent_object: KubeObject 
         machine = await _machine_of_agent_machine(kube, str(namespace), str(uid))
         if machine is not None:
             return [machine]
-    listing = await kube.list(MACHINES, str(namespace) if namespace else None)
-    return [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+    found: list[KubeObject] = []
+    for where in [str(namespace)] if namespace else await _machine_namespaces(kube, agent, nodepool):
+        listing = await kube.list(MACHINES, where)
+        found += [m for m in listing.items if dig(m, "spec", "providerID") == provider_id]
+    return found
+
+
+async def _machine_namespaces(kube: HubKube, agent: AgentRef, nodepool: NodePoolRef | None) -> list[str]:
+    """Where a worker's Machines are when its Agent no longer says: its NodePool's namespace and
+    its hosted control plane's (`<namespace>-<clusterName>`, where HyperShift puts them). Never the
+    whole hub: an Agent is named after its host in every order's namespace, so a host wiped and
+    installed in another cluster meanwhile has a Machine of that providerID there."""
+    if nodepool is None:  # a workflow older than the NodePool in the call: the Agent's namespace
+        return [agent.namespace]
+    pool = await kube.get_optional(NODE_POOLS, nodepool.namespace, nodepool.name)
+    cluster = dig(pool or {}, "spec", "clusterName")
+    hosted = [f"{nodepool.namespace}-{cluster}"] if isinstance(cluster, str) and cluster else []
+    return [nodepool.namespace, *hosted]
 
 
 async def _machine_of_agent_machine(kube: HubKube, namespace: str, uid: str) -> KubeObject | None:
@@ -478,11 +497,12 @@ async def _machine_of_agent_machine(kube: HubKube, namespace: str, uid: str) -> 
 
 
 async def annotate_machine(
-    kube: HubKube, agent: AgentRef, agent_object: KubeObject | None
+    kube: HubKube, agent: AgentRef, agent_object: KubeObject | None, nodepool: NodePoolRef | None = None
 ) -> MachineAnnotation:
     """Mark the Machine running on this Agent (as last read: `agent_object`, None if gone) so CAPI
-    removes it first on scale-down."""
-    machines = await _machines_on(kube, agent, agent_object)
+    removes it first on scale-down. `nodepool`: the worker's, where its Machines are looked for when
+    the Agent no longer names them."""
+    machines = await _machines_on(kube, agent, agent_object, nodepool)
     if not machines:
         return MachineAnnotation(agent=agent)
     result = MachineAnnotation(agent=agent)

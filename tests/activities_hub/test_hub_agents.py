@@ -550,12 +550,12 @@ async def test_concurrent_replica_syncs_of_one_nodepool_share_one_read_and_write
 # Scale-down: the Machine, unbinding, deletion
 
 
-def machine(api, name: str, agent: str | None) -> dict:
+def machine(api, name: str, agent: str | None, namespace: str | None = None) -> dict:
     """A Machine; with `agent`, as CAPI leaves it once that Agent is installed (its providerID)."""
     return api.create(
         "Machine",
         {
-            "metadata": {"name": name},
+            "metadata": {"name": name, "namespace": namespace or api.ns},
             "spec": {
                 "clusterName": "cluster",
                 "bootstrap": {"dataSecretName": "none"},
@@ -1027,6 +1027,31 @@ async def test_an_unbind_retried_after_the_host_went_to_another_slot_leaves_its_
     agent = api.get("Agent", "host-1")
     assert agent is not None and agent["spec"]["approved"] is True
     assert api.get("NodePool", "np")["spec"]["replicas"] == 1
+
+
+async def test_an_unbind_that_finds_its_agent_gone_marks_only_a_machine_of_its_own_cluster(
+    api, api_assisted, kit
+):
+    """An Agent is named after its host in every order's namespace. An unbind that finds its Agent
+    gone (retried after its first attempt deleted it) looks for the worker's Machine by providerID
+    only where its NodePool keeps Machines: the NodePool's namespace and its hosted control plane's.
+    The host, wiped and installed in another cluster meanwhile, has a Machine of the same providerID
+    there, which is never marked for deletion (found by review: the whole hub was listed)."""
+    api.nodepool("np", SELECTOR, replicas=1)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    for hosted_control_plane in (f"{api.ns}-cluster", f"{api.ns}-elsewhere"):
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted_control_plane}}
+        api.http.post("/api/v1/namespaces", json=namespace).raise_for_status()
+    ours = machine(api, "np-abcde", "host-a", namespace=f"{api.ns}-cluster")  # clusterName "cluster"
+    theirs = machine(api, "np-fghij", "host-a", namespace=f"{api.ns}-elsewhere")
+    await kit.run()(api_assisted.unbind_agent, _unbind_input(api, "host-a", pool))
+
+    def marked(obj: dict) -> bool:
+        m = api.get("Machine", obj["metadata"]["name"], namespace=obj["metadata"]["namespace"])
+        return (m["metadata"].get("annotations") or {}).get("cluster.x-k8s.io/delete-machine") == "true"
+
+    assert marked(ours)
+    assert not marked(theirs)
 
 
 async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down(api, api_assisted, kit):
