@@ -427,7 +427,7 @@ class BmaasActivities:
         no_hosts = any(marker.replace(" ", "") in text for marker in _NO_HOSTS_MARKERS)
         error_type = BmaasErrorType.NO_HOSTS_AVAILABLE if no_hosts else BmaasErrorType.PROVISIONING_FAILED
         explanation = ": ".join(part for part in (reason, detail) if part) or "no reason given"
-        message = redact(f"BMI {obs.name} ({obs.id}) failed: {explanation}", self._secrets())
+        message = f"BMI {obs.name} ({obs.id}) failed: {redact(explanation, self._secrets())}"
         return ApplicationError(message, type=error_type.value, non_retryable=True)
 
     # -- delete --------------------------------------------------------------------------------

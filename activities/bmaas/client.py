@@ -25,7 +25,7 @@ import httpx
 from opentelemetry import trace
 from temporalio import activity
 
-from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
+from activities.bmaas.errors import BmaasApiError, error_from_response, transport_error
 from activities.file_stamp import FileStamp, file_stamp
 from contracts.bmaas import SYSTEM_TENANT, BmaasErrorType
 
@@ -286,7 +286,7 @@ class BmaasClient:
                 operation,
                 resp.status_code,
                 _decode_lenient(raw),
-                self._secrets(secret_list),
+                self._secrets([*secret_list, token]),
                 object_id=object_id,
                 collection=object_id is None,
             )
@@ -424,7 +424,7 @@ class BmaasClient:
                     self.token.reload()
                 body = _decode_lenient(raw)
                 raise error_from_response(
-                    operation, resp.status_code, body, self._secrets(()), collection=True
+                    operation, resp.status_code, body, self._secrets((token,)), collection=True
                 )
             yield _events(resp, operation)
 
@@ -501,7 +501,7 @@ def _decode_lenient(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw.strip() else None
     except ValueError:
-        return redact(raw.decode("utf-8", "replace"), ())
+        return raw.decode("utf-8", "replace")  # redacted whole by error_from_response, then cut
 
 
 def _as_int(value: Any) -> int | None:

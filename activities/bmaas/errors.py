@@ -6,6 +6,9 @@ HTTP status), so workflows only ever see a handful of stable `type` strings.
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -64,14 +67,58 @@ _TRANSIENT_4XX = frozenset({408, 421, 425, 429, 499})
 
 MAX_MESSAGE_CHARS = 400
 REDACTED = "<redacted>"
+# A run of this many characters of a known secret, in any form it was sent in, is taken for an echo
+# of it: a server may quote only a part of the user data, or cut its own message.
+SECRET_FRAGMENT_CHARS = 16
+# Free text from BMaaS may quote secrets nobody handed to `redact` (a failure condition quoting the
+# user data it could not parse, a proxy's page echoing a header): unbroken runs this long (tokens,
+# base64, compact JSON) are never human prose.
+_SECRET_SHAPED = re.compile(r"\S{64,}")
+
+
+def _sent_forms(secret: str) -> list[str]:
+    """The secret as it was sent (JSON-encoded in a request body) and as servers quote it back."""
+    escaped = json.dumps(secret, ensure_ascii=False)[1:-1]
+    encoded = base64.b64encode(secret.encode()).decode()
+    return list(dict.fromkeys((secret, escaped, encoded)))
+
+
+def _mask_fragments(text: str, forms: list[str]) -> str:
+    """`text` with every span that repeats SECRET_FRAGMENT_CHARS or more characters of a form
+    replaced by REDACTED."""
+    k = SECRET_FRAGMENT_CHARS
+    # The text is short (cut first) and the forms long: its windows are looked up in them, those
+    # with a character a form lacks (a space, in prose) only in the forms that have it.
+    alphabets = [(form, frozenset(form)) for form in forms]
+    covered = [False] * len(text)
+    for i in range(len(text) - k + 1):
+        window = text[i : i + k]
+        if any(alphabet.issuperset(window) and window in form for form, alphabet in alphabets):
+            covered[i : i + k] = [True] * k
+    if not any(covered):
+        return text
+    out: list[str] = []
+    for i, char in enumerate(text):
+        if not covered[i]:
+            out.append(char)
+        elif i == 0 or not covered[i - 1]:
+            out.append(REDACTED)
+    return "".join(out)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """Remove every secret from a text, and bound its size (server messages may echo input)."""
-    for secret in secrets:
-        # Very short strings would redact ordinary words; secrets we handle are long.
-        if secret and len(secret) >= 8:
-            text = text.replace(secret, REDACTED)
+    """Remove every secret from a text, and bound its size (server messages may echo input): each
+    secret in every form it is sent in, any run of SECRET_FRAGMENT_CHARS characters of one, and
+    secret-shaped runs. The text is cut only after that, so a cut cannot hide an echo."""
+    # Very short strings would redact ordinary words; secrets we handle are long.
+    forms = [form for secret in secrets if secret and len(secret) >= 8 for form in _sent_forms(secret)]
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, REDACTED)
+    text = _SECRET_SHAPED.sub(REDACTED, text)
+    # What is kept after the cut, and a fragment's length past it: a fragment the cut goes through
+    # is still seen whole.
+    text = text[: MAX_MESSAGE_CHARS + SECRET_FRAGMENT_CHARS]
+    text = _mask_fragments(text, [form for form in forms if len(form) >= SECRET_FRAGMENT_CHARS])
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[:MAX_MESSAGE_CHARS] + "…"
     return text
@@ -171,8 +218,8 @@ def error_from_response(
     if route_not_served:
         message += " (route not served, or not yet: retried)"
     if server_message:
-        message += f": {server_message}"
-    return BmaasApiError(redact(message, secrets), error_type, http_status=http_status, grpc_code=grpc_code)
+        message += f": {redact(server_message, secrets)}"
+    return BmaasApiError(message, error_type, http_status=http_status, grpc_code=grpc_code)
 
 
 def transport_error(operation: str, exc: BaseException) -> BmaasApiError:

@@ -25,10 +25,10 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lab.fulfillment.errors import ApiError, GrpcCode, field_path
+from lab.fulfillment.errors import ApiError, GrpcCode, PlainTextAnswer, field_path
 from lab.fulfillment.lab import FulfillmentLab
 from lab.fulfillment.routes_api import private_router, public_router
 from lab.fulfillment.routes_lab import lab_router
@@ -87,6 +87,10 @@ def create_fulfillment_app(lab: FulfillmentLab) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(PlainTextAnswer)
+    async def plain_text(_: Request, exc: PlainTextAnswer) -> PlainTextResponse:
+        return PlainTextResponse(exc.text, status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,8 +11,8 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from lab.fulfillment.errors import ApiError, GrpcCode
-from lab.fulfillment.faults import RequestFault
+from lab.fulfillment.errors import HTTP_STATUS, ApiError, GrpcCode, PlainTextAnswer
+from lab.fulfillment.faults import RequestFault, UserDataEcho
 from lab.fulfillment.lab import FulfillmentLab
 from lab.fulfillment.objects import ADMIN, Caller
 
@@ -82,7 +83,23 @@ async def _inject_faults(request: Request, fault: RequestFault) -> None:
         await lab.faults.wait_until_released()
         raise ApiError.unavailable("lab fault: the request hung and was released")
     if fault.error:
-        raise ApiError(fault.error_code, "lab fault: injected error")
+        message = "lab fault: injected error"
+        if fault.echo_user_data is None:
+            raise ApiError(fault.error_code, message)
+        user_data = await _user_data(request)
+        if fault.echo_user_data == UserDataEcho.TEXT:
+            raise PlainTextAnswer(HTTP_STATUS[fault.error_code], f"spec.user_data={user_data}: {message}")
+        raise ApiError(fault.error_code, f"{message}: invalid spec.user_data {json.dumps(user_data)}")
+
+
+async def _user_data(request: Request) -> str:
+    """The request's `spec.user_data` as sent, or its whole body when it has none."""
+    raw = (await request.body()).decode("utf-8", "replace")
+    with contextlib.suppress(ValueError, AttributeError):
+        user_data = json.loads(raw).get("spec", {}).get("user_data")
+        if isinstance(user_data, str):
+            return user_data
+    return raw
 
 
 async def read_json(request: Request) -> Any:

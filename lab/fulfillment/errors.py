@@ -50,6 +50,15 @@ HTTP_STATUS: dict[GrpcCode, int] = {
 }
 
 
+class PlainTextAnswer(Exception):
+    """An error answered as plain text, not as gateway JSON: a proxy's or a gateway's own page."""
+
+    def __init__(self, http_status: int, text: str) -> None:
+        super().__init__(text)
+        self.http_status = http_status
+        self.text = text
+
+
 class ApiError(Exception):
     """An error answered as gateway JSON. Messages name the offending field first."""
 

@@ -10,7 +10,9 @@ resets it to no faults):
       "routes": {               # per-route knobs; an entry replaces the three above for that route
         "POST /api/private/v1/baremetal_instances": {"error_rate": 1.0, "latency_s": 0, "hang_rate": 0},
         "GET /api/private/v1/cluster_versions": {"error_rate": 1.0, "error_code": 7},  # 403
-        "/api/private/v1/events/watch": {"hang_rate": 1.0}       # no method = every method
+        "/api/private/v1/events/watch": {"hang_rate": 1.0},      # no method = every method
+        "POST /api/private/v1/baremetal_instances": {"error_rate": 1.0, "error_code": 3,
+                                                     "echo_user_data": "quoted"}  # or "text"
       },
       "provisioning_failure_rate": 0.0,  # share of allocated BMIs that end FAILED instead of RUNNING
       "no_free_hosts": false,            # allocation finds nothing: the BMI ends FAILED
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -39,6 +42,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from lab.fulfillment.errors import GrpcCode
 
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+
+
+class UserDataEcho(StrEnum):
+    """How an injected error quotes the request's `spec.user_data` back, as servers do."""
+
+    # In the gateway's JSON message, quoted and escaped as Go's %q does.
+    QUOTED = "quoted"
+    # In a plain-text answer (a proxy's or a gateway's own page), as it came, before anything else.
+    TEXT = "text"
 
 
 class RouteFault(BaseModel):
@@ -50,6 +62,8 @@ class RouteFault(BaseModel):
     # The gRPC code of the injected errors: 14 Unavailable (503) unless a route asks for another,
     # such as 7 PermissionDenied (403) or 16 Unauthenticated (401).
     error_code: GrpcCode = GrpcCode.UNAVAILABLE
+    # The injected errors quote the request's user data (the discovery ignition, with its secrets).
+    echo_user_data: UserDataEcho | None = None
 
 
 class FaultConfig(BaseModel):
@@ -85,6 +99,7 @@ class RequestFault:
     hang: bool = False
     error: bool = False
     error_code: GrpcCode = GrpcCode.UNAVAILABLE
+    echo_user_data: UserDataEcho | None = None
 
 
 class FaultInjector:
@@ -146,6 +161,7 @@ class FaultInjector:
             hang=hang,
             error=self._roll(knobs.error_rate),
             error_code=knobs.error_code,
+            echo_user_data=knobs.echo_user_data,
         )
 
     async def wait_until_released(self) -> None:

@@ -28,7 +28,7 @@ from contracts.bmaas import (
 from contracts.refs import OrderRef
 from lab.fulfillment.seed import CLUSTER_VERSION_NAME, DISK_IMAGE_NAME, RELEASE_IMAGE, seeded_id
 from lab.fulfillment.testing import bmi_body
-from tests.activities.conftest import Harness, wait_for
+from tests.activities.conftest import PRIVATE, Harness, wait_for
 
 
 def _named(kind: str, name: str) -> dict[str, str]:
@@ -97,6 +97,26 @@ async def test_concurrent_creates_make_one_bmi_via_already_exists(harness: Harne
     assert len(await harness.lab.list_bmis("this.metadata.name == 'order1-worker-1'")) == 1
     stats = await harness.lab.stats()
     assert stats["POST /api/private/v1/baremetal_instances"] == 2
+
+
+@pytest.mark.parametrize("echo", ["quoted", "text"])
+async def test_a_refused_create_whose_answer_quotes_the_user_data_keeps_none_of_it(
+    harness: Harness, echo: str
+) -> None:
+    """A server's error may quote the request's user data (the discovery ignition, with the pull
+    secret): escaped, or in a plain-text page longer than the bound on messages. None of it reaches
+    the error Temporal stores; what the server said around it does."""
+    harness.ignition.padding = "port 22 open; " * 40
+    route = {"error_rate": 1.0, "error_code": 3, "echo_user_data": echo}
+    await harness.lab.faults(routes={f"POST {PRIVATE}/baremetal_instances": route})
+    with pytest.raises(ApplicationError) as refused:
+        await harness.run(harness.acts.create_worker_instance, harness.slot(0))
+    message = refused.value.message
+    assert refused.value.type == BmaasErrorType.INVALID_ARGUMENT.value and refused.value.non_retryable
+    assert "lab fault: injected error" in message and "<redacted>" in message, message
+    ignition = harness.ignition.ignition
+    assert len(ignition) > 400
+    assert [ignition[i : i + 16] for i in range(len(ignition) - 15) if ignition[i : i + 16] in message] == []
 
 
 async def test_adopts_on_already_exists(harness: Harness) -> None:

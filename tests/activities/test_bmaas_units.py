@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 from pathlib import Path
 
@@ -136,6 +138,67 @@ def test_error_messages_are_redacted_and_bounded() -> None:
     assert token not in err.message
     assert len(err.message) < 600
     assert redact("abc", ["a"]) == "abc"  # too short to be a secret: left alone
+
+
+_IGNITION = (
+    '{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/pull","contents":{"source":'
+    '"data:,PULL-SECRET-0123456789abcdef0123456789abcdef"}}]},"systemd":{"units":[{"name":"agent"}]}}'
+)
+
+
+# The same with spaces (as pretty JSON has): no run long enough to look like a secret by its shape.
+_SPACED = json.dumps(json.loads(_IGNITION))
+_ESCAPED = json.dumps(_IGNITION)[1:-1]
+_BASE64 = base64.b64encode(_IGNITION.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("text", "secret", "kept"),
+    [
+        # Quoted as Go's %q and JSON do: escaped.
+        (f'invalid spec.user_data "{_ESCAPED}"', _IGNITION, "invalid spec.user_data"),
+        # Base64, as a gateway encodes bytes.
+        (f"user_data {_BASE64} is not valid", _IGNITION, "is not valid"),
+        # Only a part, the server's own quote cut short.
+        (f"cannot parse user data near '{_SPACED[60:140]}' at offset 60", _SPACED, "at offset 60"),
+        # A part across the 400-character bound on messages: what is left of it is still masked.
+        ("at " + "word " * 75 + _SPACED[:90] + " and more", _SPACED, "at word word"),
+    ],
+)
+def test_a_secret_echoed_in_another_form_or_in_part_is_redacted(text: str, secret: str, kept: str) -> None:
+    redacted = redact(text, [secret])
+    assert kept in redacted and "<redacted>" in redacted, redacted
+    assert "PULL-SECRET" not in redacted and "0123456789abcdef" not in redacted, redacted
+    for start in range(len(secret) - 15):
+        assert secret[start : start + 16] not in redacted, redacted
+
+
+def test_secret_shaped_runs_of_unknown_secrets_are_redacted_and_prose_is_kept() -> None:
+    jwt = "eyJhbGciOiJSUzI1NiJ9." + "eyJzdWIiOiJzeXN0ZW0ifQ" * 3 + ".c2lnbmF0dXJl"
+    text = redact(f"BMI b-1 failed: cloud-init could not fetch with Bearer {jwt}; retry later", [])
+    assert jwt[:30] not in text and text.endswith("Bearer <redacted> retry later"), text
+    prose = "host 0b7e2a3c-1f4d-4c6e-9a8b-7d6e5f4c3b2a: no free hosts of instance type bm-standard"
+    assert redact(prose, []) == prose
+
+
+async def test_an_error_redacts_the_token_the_request_was_sent_with(tmp_path: Path) -> None:
+    """A token another request reloaded (rotated) while this one was answered: the one this request
+    was sent with is what its server echoes."""
+    token = tmp_path / "token"
+    sent = "first-token-" + "a" * 30
+    token.write_text(sent)
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        token.write_text("second-token-" + "b" * 30)
+        assert client.token.reload() != sent  # as a concurrent request's 401 does
+        header = request.headers["Authorization"]
+        return httpx.Response(400, json={"code": 3, "message": f"bad header {header}"})
+
+    client = BmaasClient("http://bmaas.test", token, transport=httpx.MockTransport(answer))
+    async with client:
+        with pytest.raises(BmaasApiError) as info:
+            await client.create_instance({"metadata": {"name": "o-worker-0"}})
+    assert sent not in info.value.message and "bad header Bearer <redacted>" in info.value.message
 
 
 def test_transport_errors_retry() -> None:
