@@ -123,6 +123,9 @@ class WorkerPatch(StrEnum):
     # its order replaces it with a new worker; before, it failed and came back in its slot after a
     # backoff, though Failed is only for attempts that never reached Ready.
     LOST_HOST_LEAVES = "lost-host-leaves"
+    # A scale-down that lands while BMaaS is asked about an Agent's extra NIC (a call its cancel
+    # cannot reach) stops the attempt once it is answered, before the Agent is handed over.
+    STOP_AFTER_NIC_CHECK = "stop-after-nic-check"
 
 
 FAILURE_TYPES = {reason.value: reason for reason in FailureReason}
@@ -428,6 +431,8 @@ class WorkerNodeWorkflow:
                     InstancesWithMacs,
                     summary=f"Check that agent {match.name} reports no other host's NIC",
                 )
+                if self._scale_down and workflow.patched(WorkerPatch.STOP_AFTER_NIC_CHECK.value):
+                    self._stop_if_scaled_down()
                 if others.bmi_ids:
                     raise AttemptFailed(
                         FailureReason.AMBIGUOUS_AGENT_MATCH,

@@ -302,7 +302,9 @@ async def test_histories_of_states_the_lifecycle_does_not_reach_replay_clean() -
     slot); without patches lost-host-leaves and lost-hosts-replaced-by-new-workers, both fail. And
     an order whose status writes the hub failed with 500 from a scale-up to its decommission's end
     (recorded on 9c977c8: a round of attempts every 90 s, the last write given up untried while
-    the publisher slept); without patch status-writes-paced it fails."""
+    the publisher slept); without patch status-writes-paced it fails. And a worker scaled down while
+    BMaaS was asked about its Agent's extra NIC (recorded on 4b1f598: it handed the Agent over on its
+    way out); without patch stop-after-nic-check it fails."""
     files = sorted(REGRESSIONS.glob("*.json"))
     assert files
     await replay_clean(WorkflowHistory.from_json(f"regression/{f.stem}", f.read_text()) for f in files)

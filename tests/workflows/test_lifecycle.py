@@ -7,6 +7,7 @@ import asyncio
 import base64
 import gc
 import json
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from contracts.activities import BmaasActivity, HubActivity
@@ -50,6 +52,9 @@ from tests.workflows.stack import (
 )
 from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
 from workflows.worker_node import registrations_cutoff
+
+REGRESSIONS = Path(__file__).parent / "histories" / "regressions"
+BMAAS_INSTANCES = "/api/private/v1/baremetal_instances"
 
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 # A finalizer nobody removes but the test: holds an object deleting.
@@ -276,6 +281,64 @@ async def test_an_agent_reporting_a_nic_of_no_bmi_is_checked_with_bmaas_then_bou
     await stack.decommission_and_wait(order)
     assert await stack.agents(order.namespace) == []
     assert await stack.bmis(order) == []
+
+
+async def test_a_worker_scaled_down_while_bmaas_is_asked_about_its_agents_nic_hands_nothing_over(
+    stack: Stack,
+) -> None:
+    """The question to BMaaS about an extra NIC is a call, which a scale-down's cancel cannot reach:
+    the worker stops once it is answered, before the hand-off, instead of approving the Agent and
+    raising the NodePool's replicas on its way out (found by review)."""
+    await stack.set_agent_faults({"extra_nic": {"rate": 1.0}})
+    # BMaaS lists slowly (the check's among them): the scale-down lands while it is asked.
+    await stack.set_bmaas_faults(routes={f"GET {BMAAS_INSTANCES}": {"latency_s": 15}})
+    try:
+        order = await stack.create_order({"bm-standard": 1})
+        await stack.apply(order, {"bm-standard": 1})
+        leaving = order.worker_name(0)
+        handle = stack.client.get_workflow_handle(worker_workflow_id(order, leaving))
+
+        async def asking() -> bool:
+            try:
+                pending = (await handle.describe()).raw_description.pending_activities
+            except RPCError:  # not started yet
+                return False
+            return any(p.activity_type.name == BmaasActivity.FIND_INSTANCES_WITH_MACS.value for p in pending)
+
+        await eventually(asking, f"{leaving} asking BMaaS whose its Agent's extra NIC is")
+        await stack.api.scale_down_worker(order, leaving)
+
+        async def gone() -> bool:
+            return (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
+
+        await eventually(gone, f"{leaving} released", timeout=180)
+    finally:
+        await stack.clear_bmaas_faults()
+        await stack.clear_agent_faults()
+    history = await handle.fetch_history()
+    if os.environ.get("OSAC_RECORD_HISTORIES") == "1":
+        (REGRESSIONS / "worker-scaled-down-during-its-nic-check.json").write_text(history.to_json())
+    told = next(
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        and e.workflow_execution_signaled_event_attributes.signal_name == "scale_down"
+    )
+    scheduled = {
+        e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+    }
+    checked = next(
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id)
+        == BmaasActivity.FIND_INSTANCES_WITH_MACS.value
+    )
+    assert told < checked, "the scale-down was to land while BMaaS was asked"
+    assert HubActivity.HAND_AGENT_TO_NODEPOOL.value not in scheduled_activities(history.events)
+    assert await stack.agents(order.namespace) == []
+    assert await stack.bmis(order) == []
+    await stack.decommission_and_wait(order)
 
 
 async def test_hosts_sharing_an_extra_nic_are_all_bound(stack: Stack) -> None:
