@@ -459,11 +459,14 @@ async def _machine_namespaces(kube: HubKube, agent: AgentRef, nodepool: NodePool
     """Where a worker's Machines are when its Agent no longer says: its NodePool's namespace and
     its hosted control plane's (`<namespace>-<clusterName>`, where HyperShift puts them). Never the
     whole hub: an Agent is named after its host in every order's namespace, so a host wiped and
-    installed in another cluster meanwhile has a Machine of that providerID there."""
-    if nodepool is None:  # a workflow older than the NodePool in the call: the Agent's namespace
+    installed in another cluster meanwhile has a Machine of that providerID there.
+    Without a NodePool (`annotate_machine_for_deletion`, which no workflow of this release calls):
+    the Agent's namespace only, so on a real hub such an Agent's Machine is not marked."""
+    if nodepool is None:
         return [agent.namespace]
     pool = await kube.get_optional(NODE_POOLS, nodepool.namespace, nodepool.name)
     cluster = dig(pool or {}, "spec", "clusterName")
+    # A NodePool's clusterName is a DNS label (no dots): HyperShift's name is the two joined.
     hosted = [f"{nodepool.namespace}-{cluster}"] if isinstance(cluster, str) and cluster else []
     return [nodepool.namespace, *hosted]
 

@@ -426,10 +426,10 @@ class BmaasClient:
                 raise error_from_response(
                     operation, resp.status_code, body, self._secrets((token,)), collection=True
                 )
-            yield _events(resp, operation)
+            yield _events(resp, operation, self._secrets((token,)))
 
 
-async def _events(resp: httpx.Response, operation: str) -> AsyncIterator[dict[str, Any]]:
+async def _events(resp: httpx.Response, operation: str, secrets: list[str]) -> AsyncIterator[dict[str, Any]]:
     try:
         async for line in resp.aiter_lines():
             line = line.strip()
@@ -443,7 +443,9 @@ async def _events(resp: httpx.Response, operation: str) -> AsyncIterator[dict[st
                 continue
             if "error" in message:
                 # The gateway reports a failed stream in-band: {"error": {code, message}}.
-                raise error_from_response(operation, resp.status_code, message["error"], collection=True)
+                raise error_from_response(
+                    operation, resp.status_code, message["error"], secrets, collection=True
+                )
             result = message.get("result")
             event = result.get("event") if isinstance(result, dict) else None
             if isinstance(event, dict):

@@ -76,11 +76,18 @@ SECRET_FRAGMENT_CHARS = 16
 _SECRET_SHAPED = re.compile(r"\S{64,}")
 
 
+# Go's encoding/json escapes these too (HTML safety), as \u003c and so on.
+_GO_JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def _sent_forms(secret: str) -> list[str]:
-    """The secret as it was sent (JSON-encoded in a request body) and as servers quote it back."""
+    """The secret as it was sent (JSON-encoded in a request body) and as servers quote it back:
+    JSON-escaped with non-ASCII kept or escaped, as Go escapes it, base64."""
     escaped = json.dumps(secret, ensure_ascii=False)[1:-1]
+    ascii_escaped = json.dumps(secret)[1:-1]
     encoded = base64.b64encode(secret.encode()).decode()
-    return list(dict.fromkeys((secret, escaped, encoded)))
+    forms = (secret, escaped, ascii_escaped, ascii_escaped.translate(_GO_JSON_ESCAPES), encoded)
+    return list(dict.fromkeys(forms))
 
 
 def _mask_fragments(text: str, forms: list[str]) -> str:
@@ -117,9 +124,10 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     text = _SECRET_SHAPED.sub(REDACTED, text)
     # What is kept after the cut, and a fragment's length past it: a fragment the cut goes through
     # is still seen whole.
-    text = text[: MAX_MESSAGE_CHARS + SECRET_FRAGMENT_CHARS]
-    text = _mask_fragments(text, [form for form in forms if len(form) >= SECRET_FRAGMENT_CHARS])
-    if len(text) > MAX_MESSAGE_CHARS:
+    head = text[: MAX_MESSAGE_CHARS + SECRET_FRAGMENT_CHARS]
+    cut = len(text) > len(head)
+    text = _mask_fragments(head, [form for form in forms if len(form) >= SECRET_FRAGMENT_CHARS])
+    if cut or len(text) > MAX_MESSAGE_CHARS:
         text = text[:MAX_MESSAGE_CHARS] + "…"
     return text
 

@@ -47,7 +47,7 @@ _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 class UserDataEcho(StrEnum):
     """How an injected error quotes the request's `spec.user_data` back, as servers do."""
 
-    # In the gateway's JSON message, quoted and escaped as Go's %q does.
+    # In the gateway's JSON message, quoted and escaped as JSON is (non-ASCII as \\uXXXX).
     QUOTED = "quoted"
     # In a plain-text answer (a proxy's or a gateway's own page), as it came, before anything else.
     TEXT = "text"

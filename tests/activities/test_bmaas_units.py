@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -173,6 +174,27 @@ def test_a_secret_echoed_in_another_form_or_in_part_is_redacted(text: str, secre
         assert secret[start : start + 16] not in redacted, redacted
 
 
+@pytest.mark.parametrize(
+    "quote",
+    [
+        lambda secret: json.dumps(secret),  # non-ASCII as \\uXXXX
+        lambda secret: json.dumps(secret).replace("<", "\\u003c").replace(">", "\\u003e"),  # as Go does
+        lambda secret: json.dumps(secret)[:40],  # and only a part
+    ],
+)
+def test_a_secret_quoted_with_escapes_is_redacted(quote: Callable[[str], str]) -> None:
+    secret = "mot de passe: crème brûlée <pour> été à la maison, très bien"
+    text = redact(f"invalid user_data {quote(secret)} at offset 3", [secret])
+    assert text.endswith(" at offset 3") and "<redacted>" in text, text
+    assert "crème" not in text and "cr\\u00e8me" not in text and "bien" not in text, text
+
+
+def test_a_message_cut_short_says_so_also_when_masking_shortened_it() -> None:
+    secret = "the-secret-of-the-order-" * 3
+    text = redact("word " * 60 + secret[:60] + " and " + "more " * 100, [secret])
+    assert len(text) <= 401 and text.endswith("…") and "<redacted>" in text, text
+
+
 def test_secret_shaped_runs_of_unknown_secrets_are_redacted_and_prose_is_kept() -> None:
     jwt = "eyJhbGciOiJSUzI1NiJ9." + "eyJzdWIiOiJzeXN0ZW0ifQ" * 3 + ".c2lnbmF0dXJl"
     text = redact(f"BMI b-1 failed: cloud-init could not fetch with Bearer {jwt}; retry later", [])
@@ -199,6 +221,24 @@ async def test_an_error_redacts_the_token_the_request_was_sent_with(tmp_path: Pa
         with pytest.raises(BmaasApiError) as info:
             await client.create_instance({"metadata": {"name": "o-worker-0"}})
     assert sent not in info.value.message and "bad header Bearer <redacted>" in info.value.message
+
+
+async def test_an_error_inside_the_event_stream_redacts_the_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    sent = "stream-token-" + "c" * 30
+    token.write_text(sent)
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        header = request.headers["Authorization"]
+        line = json.dumps({"error": {"code": 16, "message": f"token expired: {header}"}})
+        return httpx.Response(200, content=(line + "\n").encode())
+
+    async with BmaasClient("http://bmaas.test", token, transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(BmaasApiError) as info:
+            async with client.watch(None, idle_timeout=5) as events:
+                async for _ in events:
+                    pass
+    assert sent not in info.value.message and "token expired: Bearer <redacted>" in info.value.message
 
 
 def test_transport_errors_retry() -> None:
