@@ -29,6 +29,7 @@ def test_fault_config_round_trip(admin: httpx.Client) -> None:
         "latency_s": 0.1,
         "hang_rate": 0.0,
         "error_code": 14,
+        "echo_user_data": None,
     }
     patched = admin.patch("/lab/v1/faults", json={"no_free_hosts": True}).json()
     assert patched["error_rate"] == 0.25 and patched["no_free_hosts"] is True
