@@ -669,9 +669,11 @@ class ClusterOrderController:
             await self._orders.clear_condition(ref, ControllerCondition.WORKERS_WORKFLOW_STOPPED)
 
     def _name_taken(self, ref: OrderRef, obj: KubeObject) -> str | None:
-        """Why a new order may not start: an older ClusterOrder of its name in another namespace.
+        """Why a new order may not start: an older ClusterOrder of its name in another namespace,
+        also one being deleted (until it is gone: its decommission still releases its hosts).
         BMaaS knows an order by its name (OSAC's order id), so the two would claim the same BMIs;
-        the BMaaS activities refuse another namespace's BMI too, this says so before anything starts."""
+        the BMaaS activities refuse another namespace's BMI, but not one from before the namespace
+        label, which the older order may still hold: this says so before anything starts."""
 
         def age(o: KubeObject) -> tuple[str, str]:
             return (str(meta(o).get("creationTimestamp") or ""), str(meta(o).get("namespace")))
@@ -682,16 +684,17 @@ class ClusterOrderController:
                 for o in self._kube.informer(CLUSTER_ORDERS).items()
                 if meta(o).get("name") == ref.name
                 and meta(o).get("namespace") != ref.namespace
-                and not meta(o).get("deletionTimestamp")
                 and age(o) < age(obj)
             ),
             key=age,
         )
         if not older:
             return None
+        deleting = " (being deleted; this order is judged again at a resync once it is gone)"
         return (
             f"metadata.name: ClusterOrder {meta(older[0]).get('namespace')}/{ref.name} already has this"
             " name; ClusterOrder names are OSAC order ids and must be unique across namespaces"
+            + (deleting if meta(older[0]).get("deletionTimestamp") else "")
         )
 
     async def _reject(

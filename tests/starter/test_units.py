@@ -245,6 +245,31 @@ async def test_the_work_queue_dedupes_and_never_hands_out_a_key_twice_at_once() 
     queue.close()
 
 
+def test_a_same_named_order_is_held_back_until_an_older_one_being_deleted_is_gone() -> None:
+    """The older order's decommission still releases its hosts, some of them perhaps from before
+    the namespace label, which BMaaS would let the newer order adopt: the newer one starts only
+    once the older ClusterOrder is gone (found by review: a deleting one no longer counted)."""
+    older = {
+        "metadata": {
+            "name": "x",
+            "namespace": "ns1",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "deletionTimestamp": "2026-01-02T00:00:00Z",
+        }
+    }
+    newer = {"metadata": {"name": "x", "namespace": "ns2", "creationTimestamp": "2026-01-01T00:00:05Z"}}
+    orders = [older, newer]
+    hub = SimpleNamespace(informer=lambda resource: SimpleNamespace(items=lambda: list(orders)))
+    catalog = cast(InstanceTypeCatalog, SimpleNamespace(client=None))
+    ctl = ClusterOrderController(cast(HubKube, hub), cast(WorkersApi, None), catalog)
+    problem = ctl._name_taken(OrderRef(namespace="ns2", name="x"), newer)
+    assert problem is not None and "ClusterOrder ns1/x already has this name" in problem, problem
+    assert "being deleted" in problem
+    assert ctl._name_taken(OrderRef(namespace="ns1", name="x"), older) is None  # the older goes on
+    orders.remove(older)
+    assert ctl._name_taken(OrderRef(namespace="ns2", name="x"), newer) is None
+
+
 @pytest.mark.parametrize("lost_as", ["the SDK's error", "nothing"])
 async def test_a_controller_stopped_in_an_update_the_sdk_reports_as_an_error_stops(lost_as: str) -> None:
     """The SDK turns a cancelled update call into its own error (an Exception, not a
