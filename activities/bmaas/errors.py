@@ -74,8 +74,6 @@ SECRET_FRAGMENT_CHARS = 16
 # user data it could not parse, a proxy's page echoing a header): unbroken runs this long (tokens,
 # base64, compact JSON) are never human prose.
 _SECRET_SHAPED = re.compile(r"\S{64,}")
-
-
 # Go's encoding/json escapes these too (HTML safety), as \u003c and so on.
 _GO_JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 
@@ -94,8 +92,8 @@ def _mask_fragments(text: str, forms: list[str]) -> str:
     """`text` with every span that repeats SECRET_FRAGMENT_CHARS or more characters of a form
     replaced by REDACTED."""
     k = SECRET_FRAGMENT_CHARS
-    # The text is short (cut first) and the forms long: its windows are looked up in them, those
-    # with a character a form lacks (a space, in prose) only in the forms that have it.
+    # The text is short (cut first) and the forms long: its windows are looked up in them, but not
+    # in a form that lacks one of the window's characters (a space, in prose).
     alphabets = [(form, frozenset(form)) for form in forms]
     covered = [False] * len(text)
     for i in range(len(text) - k + 1):

@@ -8,11 +8,10 @@ resets it to no faults):
       "latency_s": 0.0,         # added to every API request before it is handled
       "hang_rate": 0.0,         # share of API requests that never answer (see below)
       "routes": {               # per-route knobs; an entry replaces the three above for that route
-        "POST /api/private/v1/baremetal_instances": {"error_rate": 1.0, "latency_s": 0, "hang_rate": 0},
+        "POST /api/private/v1/baremetal_instances": {"error_rate": 1.0, "latency_s": 0, "hang_rate": 0,
+                                                     "echo_user_data": null},  # or "quoted", "text"
         "GET /api/private/v1/cluster_versions": {"error_rate": 1.0, "error_code": 7},  # 403
-        "/api/private/v1/events/watch": {"hang_rate": 1.0},      # no method = every method
-        "POST /api/private/v1/baremetal_instances": {"error_rate": 1.0, "error_code": 3,
-                                                     "echo_user_data": "quoted"}  # or "text"
+        "/api/private/v1/events/watch": {"hang_rate": 1.0}       # no method = every method
       },
       "provisioning_failure_rate": 0.0,  # share of allocated BMIs that end FAILED instead of RUNNING
       "no_free_hosts": false,            # allocation finds nothing: the BMI ends FAILED

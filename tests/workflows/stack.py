@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import tempfile
 import time
 import uuid
@@ -138,6 +139,16 @@ async def eventually(
                 return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+REGRESSIONS = Path(__file__).parent / "histories" / "regressions"
+
+
+def record_regression(name: str, history: WorkflowHistory) -> None:
+    """With OSAC_RECORD_HISTORIES=1, keep `history` as `regressions/<name>.json`: a run through a
+    state the recorded lifecycle never reaches, replayed by test_histories on later code."""
+    if os.environ.get("OSAC_RECORD_HISTORIES") == "1":
+        (REGRESSIONS / f"{name}.json").write_text(history.to_json())
 
 
 def signal_payloads(history: WorkflowHistory, name: str) -> list[bytes]:

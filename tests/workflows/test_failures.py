@@ -4,11 +4,9 @@ workflow and on the ClusterOrder, and leaves nothing behind."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +30,7 @@ from tests.workflows.stack import (
     Stack,
     eventually,
     fast_policy,
+    record_regression,
     replay_clean,
     running_stack,
     scheduled_activities,
@@ -41,7 +40,6 @@ from workflows.cluster_workers import ClusterPatch
 
 ALL = {"rate": 1.0}
 INFRAENV_LABEL = "infraenvs.agent-install.openshift.io"
-REGRESSIONS = Path(__file__).parent / "histories" / "regressions"
 
 
 TENANT_TEXT_LEAKS = {
@@ -491,9 +489,8 @@ async def test_a_bmaas_outage_during_a_create_is_shown_on_the_order_and_waited_o
     await _clean_decommission(stack, order)
     order_history = await stack.api.handle(order).fetch_history()
     await replay_clean([history, order_history])
-    if os.environ.get("OSAC_RECORD_HISTORIES") == "1":  # regressions/: the outage's path replays on
-        for kind, recorded in (("worker", history), ("order", order_history)):
-            (REGRESSIONS / f"bmaas-outage-during-a-create-{kind}.json").write_text(recorded.to_json())
+    for kind, recorded in (("worker", history), ("order", order_history)):
+        record_regression(f"bmaas-outage-during-a-create-{kind}", recorded)  # the outage's path
 
 
 async def test_a_worker_scaled_down_during_a_bmaas_outage_leaves_and_the_order_stops_showing_it(

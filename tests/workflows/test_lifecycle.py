@@ -7,7 +7,6 @@ import asyncio
 import base64
 import gc
 import json
-import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,6 +44,7 @@ from tests.workflows.stack import (
     Stack,
     delivered_reports,
     eventually,
+    record_regression,
     replay_clean,
     running_stack,
     scheduled_activities,
@@ -53,7 +53,6 @@ from tests.workflows.stack import (
 from workflows.cluster_workers import ClusterWorkersWorkflow, _tell_again_at
 from workflows.worker_node import registrations_cutoff
 
-REGRESSIONS = Path(__file__).parent / "histories" / "regressions"
 BMAAS_INSTANCES = "/api/private/v1/baremetal_instances"
 
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
@@ -316,8 +315,7 @@ async def test_a_worker_scaled_down_while_bmaas_is_asked_about_its_agents_nic_ha
         await stack.clear_bmaas_faults()
         await stack.clear_agent_faults()
     history = await handle.fetch_history()
-    if os.environ.get("OSAC_RECORD_HISTORIES") == "1":
-        (REGRESSIONS / "worker-scaled-down-during-its-nic-check.json").write_text(history.to_json())
+    record_regression("worker-scaled-down-during-its-nic-check", history)
     told = next(
         e.event_id
         for e in history.events
