@@ -21,7 +21,15 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.bmaas.client import CLUSTER_VERSIONS, DISK_IMAGES, INSTANCE_TYPES, BmaasClient, cel_string
+from activities.bmaas.client import (
+    CLUSTER_VERSIONS,
+    DISK_IMAGES,
+    INSTANCE_TYPES,
+    INSTANCES,
+    BmaasClient,
+    cel_string,
+    invisible_objects_error,
+)
 from activities.bmaas.errors import BmaasApiError, redact
 from activities.bmaas.snapshot import BmiSnapshot
 from activities.bmaas.watcher import GONE, LIST_FILTER, BmiWatcher, Observed
@@ -597,7 +605,9 @@ class BmaasActivities:
         """Of the given BMIs (an order's Ready workers'), those whose host no longer runs their
         node: FAILED, DELETING, or gone. One list of the order's BMIs answers for most; a BMI missing
         from it (its labels changed by hand, say) is read by id and counts as gone only on its own
-        NotFound, since a host taken for lost is released and wiped."""
+        NotFound, since a host taken for lost is released and wiped: and only while the token sees
+        CaaS's objects, asked afresh then (a node is destroyed on this answer, not on a minute-old
+        look, which a token rotated meanwhile to the wrong identity would not have had)."""
         listed = {
             s.id: s
             for s in map(BmiSnapshot.from_api, await self.client.list_instances(order_filter(req.order.name)))
@@ -615,6 +625,9 @@ class BmaasActivities:
                     continue
             if (found := snapshot.lost()) is not None:
                 lost.append(found)
+        gone = [found.bmi_id for found in lost if found.state is None]
+        if gone and not await self.client.sees_system_objects(fresh=True):
+            raise invisible_objects_error(f"GET /{INSTANCES}/{gone[0]}", self.client.visibility_canary)
         return LostInstances(lost=lost)
 
     @activity.defn

@@ -126,6 +126,7 @@ class BmaasClient:
         self.base_url = base_url.rstrip("/")
         self.visibility_canary = visibility_canary
         self._visible_until = 0.0
+        self._visible_with: str | None = None  # the token the canary was last seen with
         self.token = TokenFile(token_file)
         self.timeout = timeout
         self.read_attempts = max(1, read_attempts)
@@ -204,11 +205,15 @@ class BmaasClient:
                 _span_failed(span, err)
                 raise err from None
 
-    async def sees_system_objects(self) -> bool:
+    async def sees_system_objects(self, *, fresh: bool = False) -> bool:
         """Whether this token sees CaaS's objects (tenant `system`): the canary catalog item is
-        listed. A yes holds for VISIBILITY_TTL_S; a no is asked again each time. An error asking
-        is raised: nothing is taken for gone on it either."""
-        if self.visibility_canary is None or time.monotonic() < self._visible_until:
+        listed. A yes holds for VISIBILITY_TTL_S, for the token it was seen with only (a token
+        rotated to the wrong identity is asked about at once); a no is asked again each time, and so
+        is any with `fresh`. An error asking is raised: nothing is taken for gone on it either."""
+        if self.visibility_canary is None:
+            return True
+        token = self.token.get()
+        if not fresh and token == self._visible_with and time.monotonic() < self._visible_until:
             return True
         page = await self._request(
             "GET",
@@ -230,7 +235,7 @@ class BmaasClient:
             for item in items or []
         )
         if seen:
-            self._visible_until = time.monotonic() + VISIBILITY_TTL_S
+            self._visible_with, self._visible_until = token, time.monotonic() + VISIBILITY_TTL_S
         return seen
 
     async def _request(

@@ -8,20 +8,26 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
+from temporalio.testing import ActivityEnvironment
 
 from activities.assisted import agent_macs
+from activities.bmaas import BmaasActivities, IgnitionSource
 from activities.bmaas.client import BmaasClient, TokenFile, cel_string
 from activities.bmaas.errors import BmaasApiError, error_from_response, redact, transport_error
 from activities.bmaas.snapshot import BmiSnapshot
+from activities.bmaas.watcher import BmiWatcher
 from contracts.bmaas import (
     ORDER_LABEL,
     ORDER_NAMESPACE_LABEL,
     BmaasErrorType,
     BmiState,
     CreateWorkerInstanceInput,
+    FindLostInstancesInput,
+    LostInstance,
 )
 from contracts.refs import OrderRef
 
@@ -346,6 +352,79 @@ async def test_a_burst_of_calls_is_sent_a_few_at_a_time_and_all_answered(tmp_pat
         answers = await asyncio.gather(*(client.get_instance(f"bmi-{i}") for i in range(60)))
     assert [a["id"] for a in answers] == [f"bmi-{i}" for i in range(60)]
     assert peak == 4
+
+
+def _scoped_bmaas(sees: Callable[[str], bool]) -> httpx.MockTransport:
+    """A BMaaS where the caller with a token `sees` is shown BMI b1 (RUNNING, of order o1) and the
+    canary catalog item; any other caller gets what an identity that cannot see tenant `system`
+    gets: empty lists, and a NotFound by id exactly like a deleted object's."""
+    bmi = {
+        "id": "b1",
+        "metadata": {"name": "o1-worker-0", "tenant": "system", "labels": {ORDER_LABEL: "o1"}},
+        "status": {"state": "BARE_METAL_INSTANCE_STATE_RUNNING"},
+    }
+    canary = {"id": "c1", "metadata": {"name": "caas-system-bmi", "tenant": "system"}}
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        visible = sees(request.headers["Authorization"].removeprefix("Bearer "))
+        path = request.url.path
+        if path.endswith("/baremetal_instance_catalog_items") or path.endswith("/baremetal_instances"):
+            items = ([canary] if "catalog" in path else [bmi]) if visible else []
+            return httpx.Response(200, json={"size": len(items), "total": len(items), "items": items})
+        wanted = path.rsplit("/", 1)[-1]
+        if visible and wanted == "b1":
+            return httpx.Response(200, json=bmi)
+        return httpx.Response(
+            404, json={"code": 5, "message": f"object with identifier '{wanted}' not found"}
+        )
+
+    return httpx.MockTransport(answer)
+
+
+async def test_the_canary_seen_with_one_token_is_not_trusted_for_another(tmp_path: Path) -> None:
+    """A token rotated to an identity that cannot see CaaS's objects, within the minute a canary
+    seen with the old one is trusted: its NotFound is not taken for gone (found by review: a Ready
+    worker's host was then taken for lost, and its node destroyed)."""
+    token = tmp_path / "token"
+    good, wrong = "good-token-" + "g" * 30, "wrong-token-" + "w" * 40
+    token.write_text(good)
+    transport = _scoped_bmaas(lambda sent: sent == good)
+    async with BmaasClient(
+        "http://bmaas.test", token, transport=transport, visibility_canary="caas-system-bmi"
+    ) as client:
+        with pytest.raises(BmaasApiError) as gone:
+            await client.get_instance("b-deleted")
+        assert gone.value.is_not_found  # the canary seen with the good token
+        token.write_text(wrong)
+        with pytest.raises(BmaasApiError) as hidden:
+            await client.get_instance("b1")
+        assert (
+            hidden.value.error_type == BmaasErrorType.UNAVAILABLE
+            and "not taken for gone" in hidden.value.message
+        )
+
+
+async def test_a_ready_workers_host_is_taken_for_gone_only_on_a_fresh_look_at_the_canary(
+    tmp_path: Path,
+) -> None:
+    """The identity behind the same token loses sight of CaaS's objects (its role changed) within
+    the minute a canary seen is trusted: the look for lost hosts asks afresh before it reports a host
+    gone, since a node is destroyed on its answer."""
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + "x" * 30)
+    scoped_out = False
+    transport = _scoped_bmaas(lambda sent: not scoped_out)
+    async with BmaasClient(
+        "http://bmaas.test", token, transport=transport, visibility_canary="caas-system-bmi"
+    ) as client:
+        acts = BmaasActivities(client, cast(BmiWatcher, None), cast(IgnitionSource, None))
+        look = FindLostInstancesInput(order=OrderRef(namespace="ns", name="o1"), bmi_ids=["b1", "b-deleted"])
+        found = await ActivityEnvironment().run(acts.find_lost_instances, look)
+        assert found.lost == [LostInstance(bmi_id="b-deleted")]  # the canary seen and trusted since
+        scoped_out = True
+        with pytest.raises(BmaasApiError) as hidden:
+            await ActivityEnvironment().run(acts.find_lost_instances, look)
+        assert hidden.value.error_type == BmaasErrorType.UNAVAILABLE and not hidden.value.non_retryable
 
 
 def test_a_bmi_belongs_to_the_order_of_its_name_and_namespace() -> None:
