@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine, Generator
 from datetime import timedelta
-from typing import ClassVar
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 from temporalio import activity
@@ -40,6 +41,7 @@ from tests.workflows.stack import (
 )
 from worker.main import build_workers, open_backends
 from workflows.cluster_workers import ClusterPatch, ClusterWorkersWorkflow
+from workflows.continue_as_new import ContinueAsNewDue
 
 # The history size the server suggests continuing as new past: bytes, which a test can aim at.
 SUGGEST_AFTER_BYTES = 192 * 1024
@@ -261,3 +263,29 @@ async def test_an_idle_order_whose_status_writes_keep_failing_still_continues_as
     await stack.wait_ready(order, 1)
     await stack.decommission_and_wait(order)
     assert await stack.bmis(order) == []
+
+
+class _Pending:
+    """An awaitable that never ends: a call in flight when its run is evicted."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield
+
+
+def test_a_call_closed_with_its_evicted_run_looks_at_no_workflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run evicted from the worker's cache has its coroutines closed (GeneratorExit) outside the
+    workflow's event loop: a call in flight then must not look at the continue-as-new suggestion
+    (`workflow.info()` there raised, logged as an exception ignored in the coroutine)."""
+    from workflows import cluster_workers
+
+    async def never_ends(*args: object, **kwargs: object) -> None:
+        await _Pending()
+
+    monkeypatch.setattr(cluster_workers, "call_activity", never_ends)
+    run = cluster_workers.ClusterWorkersWorkflow.__new__(cluster_workers.ClusterWorkersWorkflow)
+    run._input = SimpleNamespace(policy=None)  # type: ignore[assignment]
+    run._history_limit = ContinueAsNewDue()
+    run._history_limit.decide(True)
+    call: Coroutine[Any, Any, None] = run._call("read_order", None, None, summary="Read the order")
+    call.send(None)  # in flight
+    call.close()  # raised _NotInWorkflowEventLoopError from the look before
