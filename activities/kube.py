@@ -447,6 +447,25 @@ class HubStats:
         return sum(self.requests.values())
 
 
+_NOT_JSON = object()
+
+
+def _answer_problem(verb: str, parsed: Any) -> str | None:
+    """What is wrong with a 2xx answer's body for `verb`, or None: every answer but a delete's
+    (whose body is not read) is an object with metadata, a list's with its items too."""
+    if verb == "delete":
+        return None
+    if parsed is _NOT_JSON:
+        return "response is not JSON"
+    if not isinstance(parsed, dict):
+        return "response is not a JSON object" if parsed is not None else "response is empty"
+    if not isinstance(parsed.get("metadata"), dict):
+        return "response has no metadata"
+    if verb == "list" and not isinstance(parsed.get("items", False), list | None):
+        return "list response has no items"
+    return None
+
+
 def _object_list(data: KubeObject) -> ObjectList:
     items = data.get("items") or []
     rv = (data.get("metadata") or {}).get("resourceVersion")
@@ -657,17 +676,22 @@ class HubKube:
             error.body = data.decode("utf-8", "replace") if data else None
             raise map_api_exception(error, verb, resource, namespace, name) from None
         try:
-            parsed = json.loads(data) if data else {}
+            parsed = json.loads(data) if data else None
         except ValueError:
+            parsed = _NOT_JSON
+        problem = _answer_problem(verb, parsed)
+        if problem is not None:
+            # A proxy's empty 200 taken for an object, or for an empty list, would be judged as one:
+            # a NodePool counted down to no Agents, an Agent deleted as unclaimed.
             raise HubUnavailable(
-                f"hub {verb} {resource.kind}: response is not JSON",
+                f"hub {verb} {resource.kind}: {problem}",
                 type=HubErrorType.PROTOCOL,
                 non_retryable=False,
                 kind=resource.kind,
                 namespace=namespace,
                 name=name,
             ) from None
-        return parsed if isinstance(parsed, dict) else {"value": parsed}
+        return parsed if isinstance(parsed, dict) else {}
 
     async def _request(
         self,

@@ -122,6 +122,12 @@ def page_not_found() -> ApiError:
     return ApiError(404, Reason.NOT_FOUND, "404 page not found", plain=True)
 
 
+def empty_answer() -> ApiError:
+    """A 200 with an empty body: what a proxy that cut the answer short sends (not an error to the
+    HTTP client, which must not take it for an object or an empty list)."""
+    return ApiError(200, Reason.INTERNAL_ERROR, "", plain=True)
+
+
 def method_not_allowed(verb: str, plural: str, group: str) -> ApiError:
     return ApiError(
         405,

@@ -23,6 +23,7 @@ class FaultCode(IntEnum):
     UNAUTHORIZED = 401  # the token refused (a rotation the client has not followed)
     FORBIDDEN = 403  # a permission missing (a role a rollout forgot)
     NOT_FOUND = 404  # a plain-text page, no Status: a proxy's, or a path the hub does not serve
+    EMPTY_OK = 200  # 200 with an empty body: a proxy or a gateway that cut the answer short
 
 
 class _Model(BaseModel):
@@ -115,6 +116,8 @@ class ApiFaults:
             return errors.forbidden(rt.plural, rt.group, name, "injected fault (lab API faults)")
         if code is FaultCode.NOT_FOUND:
             return errors.page_not_found()
+        if code is FaultCode.EMPTY_OK:
+            return errors.empty_answer()
         return errors.internal_error("Internal error occurred: injected fault (lab API faults)")
 
     def cut_watch(self, user: str, rt: ResourceType, events_sent: int) -> bool:

@@ -48,7 +48,7 @@ def json_response(body: Any, status_code: int = 200, warnings: list[str] | None 
 
 def status_response(error: ApiError) -> Response:
     if error.plain:
-        return PlainTextResponse(error.message + "\n", error.code)
+        return PlainTextResponse(error.message + "\n" if error.message else "", error.code)
     return json_response(error.status(), error.code)
 
 

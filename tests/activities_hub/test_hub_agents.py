@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import assisted
 from activities.assisted import INFRAENV_LABEL, AssistedActivities
+from activities.hub import sync_replicas_now
 from activities.kube import AGENTS, HubKube, dig
 from contracts.hub import (
     WORKER_LABEL,
@@ -1052,6 +1053,28 @@ async def test_an_unbind_that_finds_its_agent_gone_marks_only_a_machine_of_its_o
 
     assert marked(ours)
     assert not marked(theirs)
+
+
+async def test_an_empty_answer_from_the_hub_is_taken_for_no_object_and_no_list(api, api_kube, kit):
+    """A proxy answering a read with 200 and nothing: taken for an empty list, the NodePool's count
+    went down to the Agents it did not list (0: every Machine removed), and taken for an object, an
+    Agent was judged unclaimed (found by review). It is a retryable protocol error."""
+    api.nodepool("np", SELECTOR, replicas=1)
+    api.agent("host-a", kit.random_macs(), labels={**SELECTOR, WORKER_LABEL: "w-0"}, approved=True)
+    pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
+    for verb, resource in (("list", "agents"), ("get", "agents")):
+        api.set_faults({"errors": [{"code": 200, "verbs": [verb], "resources": [resource]}]})
+        try:
+            with pytest.raises(ApplicationError) as empty:
+                if verb == "list":
+                    await sync_replicas_now(api_kube, pool)
+                else:
+                    await api_kube.get(AGENTS, api.ns, "host-a")
+        finally:
+            api.clear_faults()
+        assert empty.value.type == HubErrorType.PROTOCOL and not empty.value.non_retryable
+        assert "response is empty" in empty.value.message
+    assert api.get("NodePool", "np")["spec"]["replicas"] == 1
 
 
 async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down(api, api_assisted, kit):
