@@ -271,6 +271,8 @@ class BmaasClient:
                     raw = await resp.aread()
             except BmaasApiError:
                 raise
+            except httpx.DecodingError:
+                raise undecodable(operation) from None
             except _TRANSPORT_ERRORS as exc:
                 if attempt >= attempts:
                     raise transport_error(operation, exc) from None
@@ -422,6 +424,8 @@ class BmaasClient:
                 if resp.status_code >= 300:
                     async with asyncio.timeout(self.timeout):
                         raw = await resp.aread()
+            except httpx.DecodingError:
+                raise undecodable(operation) from None
             except _TRANSPORT_ERRORS as exc:
                 raise transport_error(operation, exc) from None
             if resp.status_code >= 300:
@@ -455,8 +459,15 @@ async def _events(resp: httpx.Response, operation: str, secrets: list[str]) -> A
             event = result.get("event") if isinstance(result, dict) else None
             if isinstance(event, dict):
                 yield event
+    except httpx.DecodingError:
+        raise undecodable(operation) from None
     except _TRANSPORT_ERRORS as exc:
         raise transport_error(operation, exc) from None
+
+
+def undecodable(operation: str) -> BmaasApiError:
+    """An answer whose body cannot be decoded (a Content-Encoding it does not have): retryable."""
+    return BmaasApiError(f"{operation}: the answer's body cannot be decoded", BmaasErrorType.PROTOCOL)
 
 
 def _call_span(method: str, path: str) -> contextlib.AbstractContextManager[trace.Span]:
@@ -514,7 +525,7 @@ def _decode_lenient(raw: bytes) -> Any:
 def _as_int(value: Any) -> int | None:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's 1e999 is infinity
         return None
 
 

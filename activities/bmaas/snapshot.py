@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from activities.bmaas.errors import BmaasApiError
 from activities.timestamps import parse_time
 from contracts.bmaas import (
     LOST_STATES,
     ORDER_LABEL,
     ORDER_NAMESPACE_LABEL,
     SYSTEM_TENANT,
+    BmaasErrorType,
     BmiState,
     LostInstance,
     WorkerInstance,
@@ -34,6 +36,20 @@ def _nic_macs(addresses: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...
         except ValueError:
             unusable.add(address)
     return tuple(sorted(macs)), tuple(sorted(unusable))
+
+
+def _malformed(what: str) -> BmaasApiError:
+    return BmaasApiError(f"BMaaS answered {what}", BmaasErrorType.PROTOCOL)
+
+
+def _part(obj: Mapping[str, Any], key: str, where: str | None = None) -> Mapping[str, Any]:
+    """`obj[key]`, an object or absent ({})."""
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _malformed(f"a BMI whose {where or key} is not an object")
+    return value
 
 
 @dataclass(frozen=True)
@@ -85,11 +101,14 @@ class BmiSnapshot:
 
     @classmethod
     def from_api(cls, obj: Mapping[str, Any]) -> BmiSnapshot:
-        """Keep only what waiting needs: `spec.user_data` (a secret) is never copied."""
-        metadata = obj.get("metadata") or {}
-        spec = obj.get("spec") or {}
-        status = obj.get("status") or {}
-        hardware = status.get("hardware") or {}
+        """Keep only what waiting needs: `spec.user_data` (a secret) is never copied. An answer of
+        another shape is a retryable protocol error, never a library exception's untyped failure."""
+        if not isinstance(obj, Mapping):
+            raise _malformed("a BMI that is not an object")
+        metadata = _part(obj, "metadata")
+        spec = _part(obj, "spec")
+        status = _part(obj, "status")
+        hardware = _part(status, "hardware", "status.hardware")
         nics = [nic for nic in hardware.get("nics") or [] if isinstance(nic, dict) and nic.get("mac")]
         macs, unusable = _nic_macs(str(nic["mac"]) for nic in nics)
         conditions = tuple(
@@ -106,7 +125,7 @@ class BmiSnapshot:
         version: int | None
         try:
             version = int(metadata["version"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             version = None
         return cls(
             id=str(obj.get("id") or ""),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from activities.bmaas.client import BmaasClient, cel_string
+from activities.bmaas.client import INSTANCES, BmaasClient, cel_string
 from activities.bmaas.errors import BmaasApiError
 from activities.bmaas.snapshot import BmiSnapshot
 from contracts.bmaas import ORDER_LABEL, SYSTEM_TENANT, BmaasErrorType
@@ -214,6 +214,10 @@ class BmiWatcher:
             reads.remove(read)
             if not reads:
                 del self._reads[bmi_id]
+        if obj is not None and obj.get("id") != bmi_id:
+            # Applied, it would be dropped as another BMI's and the id asked for again at once, for
+            # ever: the wait would never heartbeat.
+            raise BmaasApiError(f"GET /{INSTANCES}/{bmi_id}: answered another BMI", BmaasErrorType.PROTOCOL)
         if obj is None:
             self._apply_gone(bmi_id)
         elif not read.stale:
@@ -402,13 +406,14 @@ class BmiWatcher:
                     self.stats.polls += 1
                     try:
                         await self._fetch(bmi_id)
-                    except BmaasApiError:
-                        pass  # the outage the stream's loop reports; the next round asks again
                     except Exception as exc:
                         # An answer the client could not read (a garbled encoding, a malformed
                         # object) must not end polling: every wait would hang until the stream is
-                        # back. Named by its class only: its text may quote the body.
-                        kind = type(exc).__name__
+                        # back. Named by its type only: its text may quote the body. Other
+                        # BMaaS errors are the outage the stream's loop reports.
+                        if isinstance(exc, BmaasApiError) and exc.error_type != BmaasErrorType.PROTOCOL:
+                            continue
+                        kind = exc.error_type.value if isinstance(exc, BmaasApiError) else type(exc).__name__
                         if kind not in self._poll_errors:
                             self._poll_errors.add(kind)
                             log.warning("BMI poll failed (%s); polling goes on", kind)

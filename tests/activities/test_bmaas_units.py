@@ -427,6 +427,50 @@ async def test_a_ready_workers_host_is_taken_for_gone_only_on_a_fresh_look_at_th
         assert hidden.value.error_type == BmaasErrorType.UNAVAILABLE and not hidden.value.non_retryable
 
 
+async def test_answers_of_another_shape_are_typed_protocol_errors(tmp_path: Path) -> None:
+    """Found by review: a GET answering another BMI had the watcher ask again at once, for ever,
+    with no heartbeat; a body that could not be decoded, or a BMI whose parts are not objects, left
+    the activity as a library exception (an untyped failure retried for ever, never shown as
+    BMaaS failing); a `total` of 1e999 (infinity) raised OverflowError."""
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + "x" * 30)
+
+    asked_for_other = 0
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal asked_for_other
+        path = request.url.path
+        if path.endswith("/other"):
+            asked_for_other += 1
+            if asked_for_other > 100:  # asked again and again: ended here, not by the test's timeout
+                return httpx.Response(400, json={"code": 3, "message": "asked too often"})
+            return httpx.Response(200, json={"id": "not-other"})
+        if path.endswith("/garbled"):
+            return httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"})
+        if path.endswith("/shapeless"):
+            return httpx.Response(200, json={"id": "shapeless", "status": "RUNNING"})
+        item = {"id": "a", "metadata": {"tenant": "system"}}
+        return httpx.Response(
+            200, content=b'{"size": 1, "total": 1e999, "items": [' + json.dumps(item).encode() + b"]}"
+        )
+
+    async with BmaasClient("http://bmaas.test", token, transport=httpx.MockTransport(answer)) as client:
+        watcher = BmiWatcher(client)
+        with pytest.raises(BmaasApiError) as other:
+            await watcher.refresh("other")
+        assert other.value.error_type == BmaasErrorType.PROTOCOL and not other.value.non_retryable
+        assert asked_for_other == 1
+        with pytest.raises(BmaasApiError) as garbled:
+            await client.get_instance("garbled")
+        assert garbled.value.error_type == BmaasErrorType.PROTOCOL and not garbled.value.non_retryable
+        with pytest.raises(BmaasApiError) as shapeless:
+            BmiSnapshot.from_api(await client.get_instance("shapeless"))
+        assert shapeless.value.error_type == BmaasErrorType.PROTOCOL and "status is not an object" in str(
+            shapeless.value
+        )
+        assert [item["id"] for item in await client.list_all("baremetal_instances")] == ["a"]
+
+
 def test_a_bmi_belongs_to_the_order_of_its_name_and_namespace() -> None:
     def bmi(**labels: str) -> BmiSnapshot:
         return BmiSnapshot.from_api({"id": "b1", "metadata": {"tenant": "system", "labels": labels}})
