@@ -207,11 +207,15 @@ def _network_attachment(attachment: object) -> tuple[NetworkAttachmentRef | None
 
 
 def cluster_reference_of(obj: KubeObject) -> ClusterReference | None:
+    """The order's hosted cluster, once the provisioning flow wrote where it is. A reference that
+    names no Kubernetes namespace and cluster (a hand edit: the CRD keeps the status open) counts
+    as none yet: the worker workflows build their NodePool's reference from it, and one they could
+    not build would stop them, holding their hosts."""
     ref = dig(obj, "status", "clusterReference")
     if not isinstance(ref, dict):
         return None
     namespace, name = ref.get("namespace"), ref.get("hostedClusterName")
-    if not namespace or not name:
+    if not all(isinstance(part, str) and re.fullmatch(DNS_LABEL, part) for part in (namespace, name)):
         return None
     return ClusterReference(namespace=str(namespace), hosted_cluster_name=str(name))
 

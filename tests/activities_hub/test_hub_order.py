@@ -101,6 +101,19 @@ async def test_read_order_returns_non_secret_facts(api, api_hub_acts, kit):
     assert missing.value.type == HubErrorType.ORDER_NOT_FOUND and missing.value.non_retryable
 
 
+async def test_a_cluster_reference_naming_no_namespace_counts_as_none(api, api_hub_acts, kit):
+    """The status is open in the CRD: a hand-edited reference whose namespace is no DNS label would
+    become the worker workflows' NodePool reference, which they could not build (a workflow task
+    failing for good, holding the hosts; found by review). It counts as no reference yet."""
+    api.order()
+    for bad in ({**REFERENCE, "namespace": "Not_A_Label"}, {**REFERENCE, "hostedClusterName": "order 1"}):
+        api.patch("ClusterOrder", "order-1", {"status": {"clusterReference": bad}}, status=True)
+        assert (await kit.run()(api_hub_acts.read_order, ref(api))).cluster_reference is None
+    api.patch("ClusterOrder", "order-1", {"status": {"clusterReference": REFERENCE}}, status=True)
+    facts = await kit.run()(api_hub_acts.read_order, ref(api))
+    assert facts.cluster_reference == ClusterReference(namespace="hosted-ns", hosted_cluster_name="order-1")
+
+
 async def test_wait_cluster_reference(api, api_hub_acts, kit):
     api.order()
     run = kit.run()
