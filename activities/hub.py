@@ -579,11 +579,14 @@ class HubActivities:
         beat = Heartbeat(every)
 
         def on_tick(obj: KubeObject | None) -> None:
+            # Set, but naming no namespace and cluster: said, or the wait would look like a missing one.
+            invalid = obj is not None and isinstance(dig(obj, "status", "clusterReference"), dict)
             beat(
                 lambda: {
                     "order": order.key,
                     "found": obj is not None,
                     "cluster_reference_set": False,
+                    "cluster_reference_invalid": invalid,
                     "observed_via": informer.observed_via,
                 }
             )
@@ -600,7 +603,8 @@ class HubActivities:
             )
         except WaitTimedOut:
             raise error(
-                f"ClusterOrder {order.key} has no cluster reference yet",
+                f"ClusterOrder {order.key} has no cluster reference yet (or one whose namespace or"
+                " hostedClusterName is no DNS label)",
                 HubErrorType.CLUSTER_REFERENCE_TIMEOUT,
                 non_retryable=True,
                 namespace=order.namespace,

@@ -670,7 +670,8 @@ class ClusterOrderController:
 
     def _name_taken(self, ref: OrderRef, obj: KubeObject) -> str | None:
         """Why a new order may not start: an older ClusterOrder of its name in another namespace,
-        also one being deleted (until it is gone: its decommission still releases its hosts).
+        also one being deleted while it carries our finalizer (its decommission still releases its
+        hosts; another's finalizer alone holds nothing of ours).
         BMaaS knows an order by its name (OSAC's order id), so the two would claim the same BMIs;
         the BMaaS activities refuse another namespace's BMI, but not one from before the namespace
         label, which the older order may still hold: this says so before anything starts."""
@@ -684,13 +685,14 @@ class ClusterOrderController:
                 for o in self._kube.informer(CLUSTER_ORDERS).items()
                 if meta(o).get("name") == ref.name
                 and meta(o).get("namespace") != ref.namespace
+                and (not meta(o).get("deletionTimestamp") or FINALIZER in finalizers(o))
                 and age(o) < age(obj)
             ),
             key=age,
         )
         if not older:
             return None
-        deleting = " (being deleted; this order is judged again at a resync once it is gone)"
+        deleting = " (being decommissioned; this order is judged again at a resync once that ends)"
         return (
             f"metadata.name: ClusterOrder {meta(older[0]).get('namespace')}/{ref.name} already has this"
             " name; ClusterOrder names are OSAC order ids and must be unique across namespaces"

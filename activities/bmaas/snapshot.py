@@ -42,6 +42,16 @@ def _malformed(what: str) -> BmaasApiError:
     return BmaasApiError(f"BMaaS answered {what}", BmaasErrorType.PROTOCOL)
 
 
+def _items(obj: Mapping[str, Any], key: str) -> list[Any]:
+    """`obj[key]`, a list or absent ([])."""
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _malformed(f"a BMI whose {key} is not a list")
+    return value
+
+
 def _part(obj: Mapping[str, Any], key: str, where: str | None = None) -> Mapping[str, Any]:
     """`obj[key]`, an object or absent ({})."""
     value = obj.get(key)
@@ -109,7 +119,7 @@ class BmiSnapshot:
         spec = _part(obj, "spec")
         status = _part(obj, "status")
         hardware = _part(status, "hardware", "status.hardware")
-        nics = [nic for nic in hardware.get("nics") or [] if isinstance(nic, dict) and nic.get("mac")]
+        nics = [nic for nic in _items(hardware, "nics") if isinstance(nic, dict) and nic.get("mac")]
         macs, unusable = _nic_macs(str(nic["mac"]) for nic in nics)
         conditions = tuple(
             Condition(
@@ -118,7 +128,7 @@ class BmiSnapshot:
                 reason=str(c.get("reason") or ""),
                 message=str(c.get("message") or ""),
             )
-            for c in status.get("conditions") or []
+            for c in _items(status, "conditions")
             if isinstance(c, dict)
         )
         labels = metadata.get("labels") or {}

@@ -122,6 +122,7 @@ class BmiWatcher:
         self._last_error: str | None = None
         # Kinds of unexpected poll failures logged in this outage (each once).
         self._poll_errors: set[str] = set()
+        self._skipped_malformed = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -321,12 +322,28 @@ class BmiWatcher:
         obj = event.get("bare_metal_instance")
         if not isinstance(obj, dict):
             return
-        snapshot = BmiSnapshot.from_api(obj)
+        snapshot = self._readable(obj)
+        if snapshot is None:
+            return
         if event.get("type") == _DELETED:
             self._apply_gone(snapshot.id)
         elif event.get("type") in _CREATED_OR_UPDATED:
             self._apply(snapshot)
         self._wake(snapshot.id)
+
+    def _readable(self, obj: Any) -> BmiSnapshot | None:
+        """The snapshot of a listed or streamed BMI, or None for one of another shape (logged once
+        per process): one malformed BMI of any order must not tear down the stream every wait
+        shares. A waiter on it reads it by id, and gets the typed protocol error."""
+        try:
+            return BmiSnapshot.from_api(obj)
+        except BmaasApiError as err:
+            if err.error_type != BmaasErrorType.PROTOCOL:
+                raise
+            if not self._skipped_malformed:
+                self._skipped_malformed = True
+                log.warning("a BMI of another shape was skipped (%s)", err.message)
+            return None
 
     async def _relist(self) -> None:
         """Close the gap: the list updates the ids untouched while it was in flight. An id it does not
@@ -336,7 +353,9 @@ class BmiWatcher:
         items = await self.client.list_instances(self.list_filter)
         listed: set[str] = set()
         for item in items:
-            snapshot = BmiSnapshot.from_api(item)
+            snapshot = self._readable(item)
+            if snapshot is None:
+                continue  # forgotten, if it was known: its waiter asks by id, and is told
             listed.add(snapshot.id)
             if snapshot.id in self._tombstones and self._touched.get(snapshot.id, 0) > started:
                 continue  # deleted by an event after the list was taken

@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 from enum import IntEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from lab.hub import errors
@@ -51,6 +51,14 @@ class ErrorRule(_Model):
     users: list[str] = []  # empty: every user
     rate: float = Field(default=1.0, ge=0.0, le=1.0)
     limit: int | None = Field(default=None, ge=0)  # stop after injecting this many
+
+    @model_validator(mode="after")
+    def _empty_answers_only_to_reads(self) -> ErrorRule:
+        # A proxy cuts an answer short after the hub acted; a write refused before it acts, with a
+        # 200, would tell the client a change happened that did not.
+        if self.code is FaultCode.EMPTY_OK and not (self.verbs and set(self.verbs) <= {Verb.GET, Verb.LIST}):
+            raise ValueError("code 200 (an empty answer) is for verbs get and list only")
+        return self
 
 
 class WatchFaults(_Model):

@@ -469,6 +469,27 @@ async def test_answers_of_another_shape_are_typed_protocol_errors(tmp_path: Path
             shapeless.value
         )
         assert [item["id"] for item in await client.list_all("baremetal_instances")] == ["a"]
+    for malformed in ({"hardware": {"nics": 5}}, {"conditions": True}):
+        with pytest.raises(BmaasApiError) as listed:
+            BmiSnapshot.from_api({"id": "a", "status": malformed})
+        assert listed.value.error_type == BmaasErrorType.PROTOCOL
+
+
+async def test_one_malformed_bmi_in_a_relist_is_skipped_not_the_stream_torn_down(tmp_path: Path) -> None:
+    """One BMI of another shape, of any order, in the watcher's list: the others are seen, and the
+    stream every wait shares is not torn down and listed again every few seconds (found by review)."""
+    token = tmp_path / "token"
+    token.write_text("t0ken-" + "x" * 30)
+    good = {"id": "a", "metadata": {"tenant": "system", "labels": {ORDER_LABEL: "o1"}}}
+    bad = {"id": "b", "metadata": {"tenant": "system", "labels": {ORDER_LABEL: "o2"}}, "status": "RUNNING"}
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"size": 2, "total": 2, "items": [good, bad]})
+
+    async with BmaasClient("http://bmaas.test", token, transport=httpx.MockTransport(answer)) as client:
+        watcher = BmiWatcher(client)
+        await watcher._relist()
+        assert isinstance(watcher.observed("a"), BmiSnapshot) and watcher.observed("b") is None
 
 
 def test_a_bmi_belongs_to_the_order_of_its_name_and_namespace() -> None:

@@ -8,6 +8,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 
@@ -1075,6 +1076,10 @@ async def test_an_empty_answer_from_the_hub_is_taken_for_no_object_and_no_list(a
         assert empty.value.type == HubErrorType.PROTOCOL and not empty.value.non_retryable
         assert "response is empty" in empty.value.message
     assert api.get("NodePool", "np")["spec"]["replicas"] == 1
+    # The twin answers so only reads: a write refused with a 200 would tell of a change never made.
+    for verbs in ([], ["delete"]):
+        with pytest.raises(httpx.HTTPStatusError):
+            api.set_faults({"errors": [{"code": 200, "verbs": verbs}]})
 
 
 async def test_an_unclaimed_agent_loses_its_approval_before_the_replicas_go_down(api, api_assisted, kit):

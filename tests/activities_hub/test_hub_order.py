@@ -109,6 +109,17 @@ async def test_a_cluster_reference_naming_no_namespace_counts_as_none(api, api_h
     for bad in ({**REFERENCE, "namespace": "Not_A_Label"}, {**REFERENCE, "hostedClusterName": "order 1"}):
         api.patch("ClusterOrder", "order-1", {"status": {"clusterReference": bad}}, status=True)
         assert (await kit.run()(api_hub_acts.read_order, ref(api))).cluster_reference is None
+    # The wait says why it goes on waiting, and why it gave up.
+    run = kit.run()
+    soon = datetime.now(UTC) + timedelta(seconds=3)
+    task = run.start(
+        api_hub_acts.wait_cluster_reference, WaitClusterReferenceInput(order=ref(api), deadline=soon)
+    )
+    await run.first_heartbeat()
+    assert run.heartbeats[0][0]["cluster_reference_invalid"] is True
+    with pytest.raises(ApplicationError) as late:
+        await asyncio.wait_for(task, 30)
+    assert late.value.type == HubErrorType.CLUSTER_REFERENCE_TIMEOUT and "no DNS label" in late.value.message
     api.patch("ClusterOrder", "order-1", {"status": {"clusterReference": REFERENCE}}, status=True)
     facts = await kit.run()(api_hub_acts.read_order, ref(api))
     assert facts.cluster_reference == ClusterReference(namespace="hosted-ns", hosted_cluster_name="order-1")

@@ -26,6 +26,7 @@ from starter import schemas
 from starter.api import StatusUnanswered, WorkersApi, WorkflowState
 from starter.config import StarterSettings, TimingPreset, demo_policy
 from starter.controller import ClusterOrderController, WorkQueue, apply_id
+from starter.orders import FINALIZER
 from starter.validation import InstanceTypeCatalog, order_problem
 from workflows.cluster_workers import ClusterWorkersWorkflow
 
@@ -255,6 +256,7 @@ def test_a_same_named_order_is_held_back_until_an_older_one_being_deleted_is_gon
             "namespace": "ns1",
             "creationTimestamp": "2026-01-01T00:00:00Z",
             "deletionTimestamp": "2026-01-02T00:00:00Z",
+            "finalizers": [FINALIZER, "osac.openshift.io/hosted-cluster"],
         }
     }
     newer = {"metadata": {"name": "x", "namespace": "ns2", "creationTimestamp": "2026-01-01T00:00:05Z"}}
@@ -264,8 +266,11 @@ def test_a_same_named_order_is_held_back_until_an_older_one_being_deleted_is_gon
     ctl = ClusterOrderController(cast(HubKube, hub), cast(WorkersApi, None), catalog)
     problem = ctl._name_taken(OrderRef(namespace="ns2", name="x"), newer)
     assert problem is not None and "ClusterOrder ns1/x already has this name" in problem, problem
-    assert "being deleted" in problem
+    assert "being decommissioned" in problem
     assert ctl._name_taken(OrderRef(namespace="ns1", name="x"), older) is None  # the older goes on
+    # Decommissioned (our finalizer gone), held by another's only: it holds nothing of ours.
+    older["metadata"]["finalizers"] = ["osac.openshift.io/hosted-cluster"]
+    assert ctl._name_taken(OrderRef(namespace="ns2", name="x"), newer) is None
     orders.remove(older)
     assert ctl._name_taken(OrderRef(namespace="ns2", name="x"), newer) is None
 
