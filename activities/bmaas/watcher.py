@@ -324,6 +324,11 @@ class BmiWatcher:
             return
         snapshot = self._readable(obj)
         if snapshot is None:
+            # What changed is unknown: the id is forgotten, so its waiter asks by id (and is told).
+            bmi_id = obj.get("id")
+            if isinstance(bmi_id, str) and bmi_id in self._objects:
+                self._forget(bmi_id)
+                self._wake(bmi_id)
             return
         if event.get("type") == _DELETED:
             self._apply_gone(snapshot.id)

@@ -490,6 +490,12 @@ async def test_one_malformed_bmi_in_a_relist_is_skipped_not_the_stream_torn_down
         watcher = BmiWatcher(client)
         await watcher._relist()
         assert isinstance(watcher.observed("a"), BmiSnapshot) and watcher.observed("b") is None
+        # Streamed, such a BMI is forgotten if it was known: its waiter asks by id, and is told.
+        updated = "EVENT_TYPE_OBJECT_UPDATED"
+        watcher._apply_event({"type": updated, "bare_metal_instance": {**bad, "status": {}}})
+        assert isinstance(watcher.observed("b"), BmiSnapshot)
+        watcher._apply_event({"type": updated, "bare_metal_instance": bad})
+        assert watcher.observed("b") is None and isinstance(watcher.observed("a"), BmiSnapshot)
 
 
 def test_a_bmi_belongs_to_the_order_of_its_name_and_namespace() -> None:
