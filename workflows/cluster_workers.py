@@ -2043,19 +2043,17 @@ class ClusterWorkersWorkflow:
     ) -> T:
         """One call of the order's. A remote one's end is recorded, so the suggestion to continue as
         new is looked at there; a local one's result may come in a task replay does not see."""
+        look = not local
         try:
-            result = await call_activity(
+            return await call_activity(
                 name, arg, result_type, policy=self._input.policy, summary=summary, local=local, **options
             )
         except GeneratorExit:
-            raise  # closed with its run (evicted from the cache): no workflow left to look at
-        except BaseException:
-            if not local:
-                self._history_limit.look()
+            look = False  # closed with its run (evicted from the cache): no workflow left to look at
             raise
-        if not local:
-            self._history_limit.look()
-        return result
+        finally:
+            if look:
+                self._history_limit.look()
 
 
 def _tell_again_at(quiet_looks: int) -> bool:

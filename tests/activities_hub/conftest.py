@@ -255,8 +255,8 @@ def random_macs(count: int = 2) -> list[str]:
     return ["0a:" + ":".join(f"{random.randrange(256):02x}" for _ in range(5)) for _ in range(count)]
 
 
-def new_namespace(client: httpx.Client) -> str:
-    name = f"t-{uuid.uuid4().hex[:10]}"
+def new_namespace(client: httpx.Client, name: str | None = None) -> str:
+    name = name or f"t-{uuid.uuid4().hex[:10]}"
     response = client.post(
         "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     )

@@ -34,6 +34,7 @@ from contracts.hub import (
     WaitAndHandAgentInput,
 )
 from contracts.refs import OrderRef
+from tests.activities_hub.conftest import new_namespace
 
 SELECTOR = {"osac.openshift.io/clusterorder": "order-1", "osac.openshift.io/resource_class": "small"}
 
@@ -1042,8 +1043,7 @@ async def test_an_unbind_that_finds_its_agent_gone_marks_only_a_machine_of_its_o
     api.nodepool("np", SELECTOR, replicas=1)
     pool = NodePoolRef(namespace=api.ns, name="np", agent_namespace=api.ns)
     for hosted_control_plane in (f"{api.ns}-cluster", f"{api.ns}-elsewhere"):
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": hosted_control_plane}}
-        api.http.post("/api/v1/namespaces", json=namespace).raise_for_status()
+        new_namespace(api.http, hosted_control_plane)
     ours = machine(api, "np-abcde", "host-a", namespace=f"{api.ns}-cluster")  # clusterName "cluster"
     theirs = machine(api, "np-fghij", "host-a", namespace=f"{api.ns}-elsewhere")
     await kit.run()(api_assisted.unbind_agent, _unbind_input(api, "host-a", pool))
